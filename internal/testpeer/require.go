@@ -1,0 +1,153 @@
+package testpeer
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Start timeouts used by RequireKnfsd and RequireGanesha. The knfsd one
+// covers a first-time guest build (package downloads, siw compile).
+const (
+	knfsdStartTimeout   = 15 * time.Minute
+	ganeshaStartTimeout = time.Minute
+)
+
+// shared holds the servers started by Require* in this test binary.
+var shared struct {
+	knfsdOnce   sync.Once
+	knfsd       *Knfsd
+	knfsdErr    error
+	ganeshaOnce sync.Once
+	ganesha     *Ganesha
+	ganeshaErr  error
+
+	mu       sync.Mutex
+	stopping bool
+	stops    []func() error
+}
+
+var stopAllMu sync.Mutex
+
+// register records a server's Stop for StopAll. It reports false (and the
+// caller must stop the server itself) when StopAll already ran.
+func register(stop func() error) bool {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.stopping {
+		return false
+	}
+	shared.stops = append(shared.stops, stop)
+	return true
+}
+
+// RequireKnfsd returns the knfsd shared by all tests of this test binary,
+// starting it on first use; concurrent calls wait for the same start. It
+// skips the test in -short mode and fails it (with the server's log tail)
+// if the server cannot be started.
+func RequireKnfsd(t testing.TB) *Knfsd {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs knfsd (qemu guest from test/kpeer); skipped in -short mode")
+	}
+	shared.knfsdOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), knfsdStartTimeout)
+		defer cancel()
+		k, err := StartKnfsd(ctx, KnfsdOptions{})
+		if err == nil && !register(k.Stop) {
+			_ = k.Stop()
+			k, err = nil, errors.New("testpeer: stopping")
+		}
+		shared.knfsd, shared.knfsdErr = k, err
+	})
+	if shared.knfsdErr != nil {
+		t.Fatalf("integration test: cannot start knfsd: %v", shared.knfsdErr)
+	}
+	return shared.knfsd
+}
+
+// RequireGanesha returns the NFS-Ganesha server shared by all tests of this
+// test binary, starting it on first use; concurrent calls wait for the same
+// start. It skips the test in -short mode and fails it (with the server's
+// log tail) if the server cannot be started.
+func RequireGanesha(t testing.TB) *Ganesha {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs NFS-Ganesha (ganesha.nfsd, run as root); skipped in -short mode")
+	}
+	shared.ganeshaOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), ganeshaStartTimeout)
+		defer cancel()
+		g, err := StartGanesha(ctx)
+		if err == nil && !register(g.Stop) {
+			_ = g.Stop()
+			g, err = nil, errors.New("testpeer: stopping")
+		}
+		shared.ganesha, shared.ganeshaErr = g, err
+	})
+	if shared.ganeshaErr != nil {
+		t.Fatalf("integration test: cannot start ganesha: %v", shared.ganeshaErr)
+	}
+	return shared.ganesha
+}
+
+// StopAll stops every server started by RequireKnfsd and RequireGanesha in
+// this test binary, and any knfsd still booting in StartKnfsd; later
+// Require* calls fail. Main calls it.
+func StopAll() error {
+	// Serialize: a second caller (Main after m.Run while the signal handler
+	// is stopping servers) must not exit before the first one is done.
+	stopAllMu.Lock()
+	defer stopAllMu.Unlock()
+	shared.mu.Lock()
+	shared.stopping = true
+	stops := shared.stops
+	shared.stops = nil
+	shared.mu.Unlock()
+	var errs []error
+	startingKnfsd.Range(func(k, _ any) bool {
+		errs = append(errs, k.(*Knfsd).stop(!keepRunDirs()))
+		return true
+	})
+	for i := len(stops) - 1; i >= 0; i-- {
+		errs = append(errs, stops[i]())
+	}
+	return errors.Join(errs...)
+}
+
+// Main is the body of TestMain in packages with integration tests:
+//
+//	func TestMain(m *testing.M) { testpeer.Main(m) }
+//
+// It parses flags, runs the tests, stops every server started by
+// RequireKnfsd/RequireGanesha and exits with the tests' status. On SIGINT
+// or SIGTERM it stops the servers and exits too.
+func Main(m *testing.M) {
+	flag.Parse()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		sig := <-sigs
+		fmt.Fprintf(os.Stderr, "testpeer: %v: stopping test servers\n", sig)
+		if err := StopAll(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(128 + int(sig.(syscall.Signal)))
+	}()
+	code := m.Run()
+	signal.Stop(sigs)
+	if err := StopAll(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,158 @@
+package testpeer
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+func TestKnfsdNull(t *testing.T) {
+	k := RequireKnfsd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := NullCall(ctx, k.TCPAddr); err != nil {
+		t.Fatalf("knfsd %s: %v\n%s", k.TCPAddr, err, k.LogTail())
+	}
+}
+
+func TestKnfsdExec(t *testing.T) {
+	k := RequireKnfsd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := k.Exec(ctx, "echo hi")
+	if err != nil || out != "hi\n" {
+		t.Fatalf("Exec(echo hi) = %q, %v", out, err)
+	}
+	// stderr is included, the exit status is reported.
+	out, err = k.Exec(ctx, "echo oops >&2; exit 3")
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Status != 3 || out != "oops\n" {
+		t.Fatalf("Exec(exit 3) = %q, %v; want output oops and *ExitError status 3", out, err)
+	}
+	// The guest exports /export as the pseudo-root; nfsd is up.
+	out, err = k.Exec(ctx, "cat /export/README; cat /proc/fs/nfsd/portlist")
+	if err != nil || !strings.Contains(out, "kpeer") || !strings.Contains(out, "rdma 20049") {
+		t.Fatalf("Exec(README, portlist) = %q, %v", out, err)
+	}
+	// Concurrent calls each get their own shell.
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i := range 4 {
+		wg.Go(func() {
+			want := strings.Repeat("x", i+1)
+			out, err := k.Exec(ctx, "sleep 0.2; echo "+want)
+			if err != nil || out != want+"\n" {
+				errs <- errors.Join(err, errors.New("got "+out))
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestGaneshaNull(t *testing.T) {
+	g := RequireGanesha(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := NullCall(ctx, g.Addr); err != nil {
+		t.Fatalf("ganesha %s: %v\n%s", g.Addr, err, g.LogTail())
+	}
+	if g.Export != "/export" {
+		t.Errorf("Export = %q, want /export", g.Export)
+	}
+	if g.Dir != "" {
+		if st, err := os.Stat(g.Dir); err != nil || !st.IsDir() {
+			t.Errorf("export dir %s: %v", g.Dir, err)
+		}
+	}
+}
+
+// TestGaneshaStartStop checks that a private Ganesha stops cleanly and
+// removes its run directory.
+func TestGaneshaStartStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: needs NFS-Ganesha")
+	}
+	if os.Getenv("RDMAFS_GANESHA") != "" {
+		t.Skip("RDMAFS_GANESHA set: no private server to stop")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	g, err := StartGanesha(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ganesha answered NULL %v after start", time.Since(start))
+	pid := g.cmd.Process.Pid
+	start = time.Now()
+	if err := g.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ganesha stopped in %v", time.Since(start))
+	if processAlive(pid) {
+		t.Errorf("ganesha pid %d still alive after Stop", pid)
+	}
+	if _, err := os.Stat(g.RunDir); !os.IsNotExist(err) && !keepRunDirs() {
+		t.Errorf("run dir %s not removed: %v", g.RunDir, err)
+	}
+	if err := g.Stop(); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+}
+
+func TestNullCallWire(t *testing.T) {
+	var buf bytes.Buffer
+	if err := writeNullCall(&buf, 0x01020304); err != nil {
+		t.Fatal(err)
+	}
+	want := "80000028" + "01020304" + "00000000" + "00000002" + "000186a3" + "00000004" +
+		"00000000" + "0000000000000000" + "0000000000000000"
+	if got := hex.EncodeToString(buf.Bytes()); got != want {
+		t.Errorf("call\n got %s\nwant %s", got, want)
+	}
+	for _, tc := range []struct {
+		name, reply string
+		ok          bool
+	}{
+		{"success", "80000018" + "01020304" + "00000001" + "00000000" + "0000000000000000" + "00000000", true},
+		{"two fragments", "0000000c" + "01020304" + "00000001" + "00000000" + "8000000c" + "0000000000000000" + "00000000", true},
+		{"wrong xid", "80000018" + "01020305" + "00000001" + "00000000" + "0000000000000000" + "00000000", false},
+		{"prog unavail", "80000018" + "01020304" + "00000001" + "00000000" + "0000000000000000" + "00000001", false},
+		{"denied", "80000018" + "01020304" + "00000001" + "00000001" + "0000000000000000" + "00000000", false},
+		{"short", "80000008" + "01020304" + "00000001", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := hex.DecodeString(tc.reply)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = readNullReply(bytes.NewReader(b), 0x01020304)
+			if (err == nil) != tc.ok {
+				t.Errorf("readNullReply = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestRepoRoot(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "test", "kpeer", "run.sh")); err != nil {
+		t.Errorf("repo root %s: %v", root, err)
+	}
+}

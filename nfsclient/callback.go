@@ -1,0 +1,314 @@
+package nfsclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+// Callback program (RFC 8881 s20): version 1, CB_NULL and CB_COMPOUND.
+const (
+	cbVersion      = 1
+	cbProcNull     = 0
+	cbProcCompound = 1
+
+	opCBGetAttr       = 3
+	opCBRecall        = 4
+	opCBLayoutRecall  = 5
+	opCBNotify        = 6
+	opCBPushDeleg     = 7
+	opCBRecallAny     = 8
+	opCBRecallableObj = 9
+	opCBRecallSlot    = 10
+	opCBSequence      = 11
+	opCBWantsCancel   = 12
+	opCBNotifyLock    = 13
+	opCBNotifyDevID   = 14
+	opCBOffload       = 15
+	opCBIllegal       = 10044
+
+	// cbSlots is the number of back channel slots we ask for.
+	cbSlots = 4
+)
+
+// callbackServer serves the NFSv4.1 callback program on the back channel:
+// CB_NULL, CB_COMPOUND with CB_SEQUENCE, CB_RECALL and CB_RECALL_ANY;
+// other operations get NFS4ERR_NOTSUPP (RFC 8881 s20).
+type callbackServer struct {
+	c *Client
+
+	mu        sync.Mutex
+	sessionID SessionID
+	slots     []cbSlot
+	delegs    map[StateID][]byte // delegation stateid -> file handle
+	recalls   int
+}
+
+// cbSlot is the back channel replay cache of one slot (RFC 8881 s2.10.6).
+type cbSlot struct {
+	seq   uint32
+	reply []byte // the last reply, resent when the same sequence comes again
+}
+
+func newCallbackServer(c *Client) *callbackServer {
+	return &callbackServer{c: c, delegs: make(map[StateID][]byte)}
+}
+
+func (s *callbackServer) setSession(id SessionID, nslots int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sessionID = id
+	s.slots = make([]cbSlot, max(1, min(nslots, 64)))
+}
+
+func (s *callbackServer) addDelegation(sid StateID, fh []byte) {
+	s.mu.Lock()
+	s.delegs[sid] = append([]byte(nil), fh...)
+	s.mu.Unlock()
+}
+
+// HandleCall serves one backward-direction RPC call.
+func (s *callbackServer) HandleCall(msg []byte) []byte {
+	h, args, err := oncrpc.ParseCall(msg)
+	if err != nil {
+		s.c.trace("callback: dropping malformed call: %v", err)
+		return nil
+	}
+	var e xdr.Encoder
+	switch {
+	case h.Prog != cbProgram:
+		oncrpc.AppendAcceptedReply(&e, h.XID, oncrpc.ProgUnavail, 0, 0)
+	case h.Vers != cbVersion:
+		oncrpc.AppendAcceptedReply(&e, h.XID, oncrpc.ProgMismatch, cbVersion, cbVersion)
+	case h.Proc == cbProcNull:
+		oncrpc.AppendAcceptedReply(&e, h.XID, oncrpc.Success, 0, 0)
+	case h.Proc == cbProcCompound:
+		res, err := s.compound(args)
+		if err != nil {
+			s.c.trace("callback xid=%#x: %v", h.XID, err)
+			oncrpc.AppendAcceptedReply(&e, h.XID, oncrpc.GarbageArgs, 0, 0)
+			break
+		}
+		oncrpc.AppendAcceptedReply(&e, h.XID, oncrpc.Success, 0, 0)
+		return append(e.Bytes(), res...)
+	default:
+		oncrpc.AppendAcceptedReply(&e, h.XID, oncrpc.ProcUnavail, 0, 0)
+	}
+	return e.Bytes()
+}
+
+// cbResults collects CB_COMPOUND results.
+type cbResults struct {
+	e      xdr.Encoder
+	n      int
+	status Status
+}
+
+func (r *cbResults) add(op uint32, st Status) {
+	r.e.Uint32(op)
+	r.e.Uint32(uint32(st))
+	r.n++
+	r.status = st
+}
+
+// compound decodes and runs a CB_COMPOUND (RFC 8881 s20.2) and returns
+// the encoded CB_COMPOUND4res. It returns an error only for arguments it
+// cannot decode at all (answered with GARBAGE_ARGS).
+func (s *callbackServer) compound(args []byte) ([]byte, error) {
+	d := xdr.NewDecoder(args)
+	tag := d.Opaque(maxTagLen)
+	minor := d.Uint32()
+	d.Uint32() // callback_ident: unused in 4.1
+	nops := d.Length(maxCompoundOps)
+	if err := d.Err(); err != nil {
+		return nil, err
+	}
+	var r cbResults
+	var slot *cbSlot
+	var slotSeq uint32
+	if minor != minorVersion1 {
+		r.status = ErrMinorVersMismatch
+		nops = 0
+	}
+	for i := 0; i < nops && r.status == StatusOK; i++ {
+		op := d.Uint32()
+		if d.Err() != nil {
+			return nil, d.Err()
+		}
+		if i == 0 && op != opCBSequence {
+			r.add(op, ErrOpNotInSession) // RFC 8881 s20.9.3
+			break
+		}
+		switch op {
+		case opCBSequence:
+			if i != 0 {
+				r.add(op, ErrSequencePos)
+				break
+			}
+			var cached []byte
+			var st Status
+			slot, slotSeq, cached, st = s.sequence(d, &r)
+			if cached != nil {
+				return cached, nil // replay: resend the cached reply
+			}
+			if st != StatusOK {
+				r.add(op, st)
+			}
+		case opCBRecall:
+			sid := decodeStateID(d)
+			d.Bool() // truncate
+			fh := d.Opaque(maxFHSize)
+			if d.Err() != nil {
+				r.add(op, ErrBadXDR)
+				break
+			}
+			r.add(op, s.recall(sid, fh))
+		case opCBRecallAny:
+			d.Uint32() // objects to keep
+			decodeBitmap(d)
+			if d.Err() != nil {
+				r.add(op, ErrBadXDR)
+				break
+			}
+			s.recallAll()
+			r.add(op, StatusOK)
+		case opCBGetAttr, opCBLayoutRecall, opCBNotify, opCBPushDeleg, opCBRecallableObj,
+			opCBRecallSlot, opCBWantsCancel, opCBNotifyLock, opCBNotifyDevID, opCBOffload:
+			r.add(op, ErrNotSupp)
+		default:
+			r.add(opCBIllegal, ErrOpIllegal)
+		}
+	}
+	var out xdr.Encoder
+	out.Uint32(uint32(r.status))
+	out.Opaque(tag)
+	out.Uint32(uint32(r.n))
+	res := append(out.Bytes(), r.e.Bytes()...)
+	if slot != nil {
+		s.mu.Lock()
+		slot.seq = slotSeq
+		slot.reply = res
+		s.mu.Unlock()
+	}
+	return res, nil
+}
+
+// sequence checks a CB_SEQUENCE (RFC 8881 s20.9) and appends its result.
+// It returns the slot to cache the reply in, or a cached reply to resend.
+func (s *callbackServer) sequence(d *xdr.Decoder, r *cbResults) (*cbSlot, uint32, []byte, Status) {
+	var id SessionID
+	copy(id[:], d.FixedOpaque(16))
+	seq := d.Uint32()
+	slotID := d.Uint32()
+	highest := d.Uint32()
+	d.Bool() // cachethis
+	nlists := d.Length(64)
+	for range nlists {
+		d.FixedOpaque(16)
+		n := d.Length(1024)
+		for range n {
+			d.Uint32()
+			d.Uint32()
+		}
+	}
+	if d.Err() != nil {
+		return nil, 0, nil, ErrBadXDR
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id != s.sessionID {
+		return nil, 0, nil, ErrBadSession
+	}
+	if int(slotID) >= len(s.slots) {
+		return nil, 0, nil, ErrBadSlot
+	}
+	sl := &s.slots[slotID]
+	switch {
+	case seq == sl.seq && sl.reply != nil:
+		return nil, 0, sl.reply, StatusOK
+	case seq != sl.seq+1:
+		return nil, 0, nil, ErrSeqMisordered
+	}
+	r.add(opCBSequence, StatusOK)
+	r.e.FixedOpaque(id[:])
+	r.e.Uint32(seq)
+	r.e.Uint32(slotID)
+	r.e.Uint32(highest)
+	r.e.Uint32(uint32(len(s.slots) - 1))
+	return sl, seq, nil, StatusOK
+}
+
+// recall starts returning a recalled delegation (RFC 8881 s20.2.3): the
+// reply says OK at once; DELEGRETURN follows asynchronously.
+func (s *callbackServer) recall(sid StateID, fh []byte) Status {
+	s.mu.Lock()
+	s.recalls++
+	_, known := s.delegs[sid]
+	s.mu.Unlock()
+	fh = append([]byte(nil), fh...)
+	go s.returnDeleg(sid, fh, known)
+	return StatusOK
+}
+
+func (s *callbackServer) recallAll() {
+	s.mu.Lock()
+	all := make(map[StateID][]byte, len(s.delegs))
+	for sid, fh := range s.delegs {
+		all[sid] = fh
+	}
+	s.mu.Unlock()
+	for sid, fh := range all {
+		go s.returnDeleg(sid, fh, true)
+	}
+}
+
+func (s *callbackServer) returnDeleg(sid StateID, fh []byte, known bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := s.c.delegReturn(ctx, sid, fh)
+	s.c.trace("DELEGRETURN after recall (known=%v): %v", known, err)
+	if err == nil || errors.Is(err, ErrBadStateID) {
+		s.mu.Lock()
+		delete(s.delegs, sid)
+		s.mu.Unlock()
+	}
+}
+
+// returnAll returns every delegation still held, before unmount.
+func (s *callbackServer) returnAll(ctx context.Context) {
+	s.mu.Lock()
+	all := s.delegs
+	s.delegs = make(map[StateID][]byte)
+	s.mu.Unlock()
+	for sid, fh := range all {
+		s.c.delegReturn(ctx, sid, fh)
+	}
+}
+
+// Recalls returns how many CB_RECALLs the client has served.
+func (c *Client) Recalls() int {
+	c.cb.mu.Lock()
+	defer c.cb.mu.Unlock()
+	return c.cb.recalls
+}
+
+func (c *Client) delegReturn(ctx context.Context, sid StateID, fh []byte) error {
+	err := c.do(ctx, c.sysCred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.delegReturn(sid)
+	}, func(r *results) error {
+		if err := r.voidOp(opPutFH); err != nil {
+			return err
+		}
+		return r.voidOp(opDelegReturn)
+	})
+	if err != nil {
+		return fmt.Errorf("DELEGRETURN: %w", err)
+	}
+	return nil
+}

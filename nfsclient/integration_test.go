@@ -1,0 +1,423 @@
+package nfsclient
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+// peer is a real NFSv4.1 server for integration tests.
+type peer struct {
+	name   string
+	addr   string
+	export string
+	knfsd  *testpeer.Knfsd
+}
+
+// forEachPeer runs f against knfsd (kpeer) and nfs-ganesha, as subtests
+// named after the server.
+func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
+	t.Run("knfsd", func(t *testing.T) {
+		k := testpeer.RequireKnfsd(t)
+		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", knfsd: k})
+	})
+	t.Run("ganesha", func(t *testing.T) {
+		g := testpeer.RequireGanesha(t)
+		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export})
+	})
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func dial(t *testing.T, p peer, topts oncrpc.TCPOptions) *Client {
+	t.Helper()
+	tr := oncrpc.NewTCPTransport(p.addr, topts)
+	c, err := Dial(testCtx(t), Config{Transport: tr, Export: p.export, RPC: oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5}})
+	if err != nil {
+		t.Fatalf("%s: dial: %v", p.name, err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(context.Background()); err != nil {
+			t.Errorf("%s: close: %v", p.name, err)
+		}
+	})
+	return c
+}
+
+var rootCred = oncrpc.AuthSys{MachineName: "test"}.Credential()
+
+// testDir makes a fresh directory for one test under the export root.
+func testDir(t *testing.T, c *Client) []byte {
+	t.Helper()
+	name := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), rand.Uint32())
+	fh, a, err := c.Mkdir(testCtx(t), rootCred, c.RootFH(), name, &SetAttr{Mode: ptr(uint32(0o777))})
+	if err != nil {
+		t.Fatalf("mkdir %s: %v", name, err)
+	}
+	if a.Type != TypeDir {
+		t.Fatalf("mkdir made type %d", a.Type)
+	}
+	return fh
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func pattern(n int, seed uint64) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(seed, 7))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func readAll(ctx context.Context, t *testing.T, c *Client, of *OpenFile, size int) []byte {
+	t.Helper()
+	out := make([]byte, size+1)
+	off := 0
+	for {
+		n, eof, err := c.Read(ctx, rootCred, of.FH, of.StateID, uint64(off), out[off:min(off+c.RSize(), len(out))])
+		if err != nil {
+			t.Fatalf("read at %d: %v", off, err)
+		}
+		off += n
+		if eof || n == 0 {
+			break
+		}
+	}
+	return out[:off]
+}
+
+func TestSession(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		c := dial(t, p, oncrpc.TCPOptions{})
+		if len(c.RootFH()) == 0 {
+			t.Fatal("no root file handle")
+		}
+		if c.RSize() < 4096 || c.WSize() < 4096 {
+			t.Fatalf("rsize %d wsize %d", c.RSize(), c.WSize())
+		}
+		flavors, err := c.SecInfoNoName(testCtx(t))
+		if err != nil {
+			t.Fatalf("SECINFO_NO_NAME: %v", err)
+		}
+		hasSys := false
+		for _, f := range flavors {
+			hasSys = hasSys || f == oncrpc.FlavorSys
+		}
+		if !hasSys {
+			t.Fatalf("flavors %v lack AUTH_SYS", flavors)
+		}
+		a, err := c.StatFS(testCtx(t), rootCred, c.RootFH())
+		if err != nil || a.SpaceTotal == 0 {
+			t.Fatalf("statfs: %+v %v", a, err)
+		}
+	})
+}
+
+func TestFileWriteReadTruncate(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		c := dial(t, p, oncrpc.TCPOptions{})
+		ctx := testCtx(t)
+		dir := testDir(t, c)
+		for i, size := range []int{1, 4096, 1 << 20, 10 << 20} {
+			name := fmt.Sprintf("f%d", size)
+			of, err := c.Open(ctx, rootCred, dir, name, OpenArgs{Access: ShareAccessBoth, Create: Guarded, Attr: &SetAttr{Mode: ptr(uint32(0o644))}})
+			if err != nil {
+				t.Fatalf("create %s: %v", name, err)
+			}
+			if !of.Created || of.Attr.Type != TypeReg || of.Attr.Mode != 0o644 {
+				t.Fatalf("create %s: created=%v attr=%+v", name, of.Created, of.Attr)
+			}
+			data := pattern(size, uint64(i))
+			w := c.NewUnstableWriter(rootCred, of, 4)
+			if err := w.WriteAt(ctx, bytes.Clone(data), 0); err != nil {
+				t.Fatalf("write %s: %v", name, err)
+			}
+			if err := w.Commit(ctx); err != nil {
+				t.Fatalf("commit %s: %v", name, err)
+			}
+			got := readAll(ctx, t, c, of, size)
+			if !bytes.Equal(got, data) {
+				t.Fatalf("%s: read back %d bytes, differs from the %d written", name, len(got), size)
+			}
+			a, err := c.GetAttr(ctx, rootCred, of.FH)
+			if err != nil || a.Size != uint64(size) {
+				t.Fatalf("%s: getattr size %d, %v", name, a.Size, err)
+			}
+			// Truncate to half, then check size and content.
+			half := uint64(size / 2)
+			a, err = c.SetAttr(ctx, rootCred, of.FH, of.StateID, &SetAttr{Size: &half})
+			if err != nil || a.Size != half {
+				t.Fatalf("%s: truncate to %d: size %d, %v", name, half, a.Size, err)
+			}
+			if got := readAll(ctx, t, c, of, size); !bytes.Equal(got, data[:half]) {
+				t.Fatalf("%s: after truncate read %d bytes, want %d", name, len(got), half)
+			}
+			if err := c.CloseFile(ctx, rootCred, of); err != nil {
+				t.Fatalf("close %s: %v", name, err)
+			}
+		}
+	})
+}
+
+func TestNamespaceOps(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		c := dial(t, p, oncrpc.TCPOptions{})
+		ctx := testCtx(t)
+		dir := testDir(t, c)
+		sub, _, err := c.Mkdir(ctx, rootCred, dir, "sub", &SetAttr{Mode: ptr(uint32(0o755))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		of, err := c.Open(ctx, rootCred, dir, "a", OpenArgs{Access: ShareAccessWrite, Create: Unchecked, Attr: &SetAttr{Mode: ptr(uint32(0o600))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, []byte("hello"), FileSync); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CloseFile(ctx, rootCred, of); err != nil {
+			t.Fatal(err)
+		}
+
+		// rename across directories
+		if err := c.Rename(ctx, rootCred, dir, "a", sub, "b"); err != nil {
+			t.Fatalf("rename: %v", err)
+		}
+		if _, _, err := c.Lookup(ctx, rootCred, dir, "a"); !errors.Is(err, ErrNoEnt) || Errno(err) != syscall.ENOENT {
+			t.Fatalf("lookup of renamed source: %v", err)
+		}
+		bfh, battr, err := c.Lookup(ctx, rootCred, sub, "b")
+		if err != nil || battr.Size != 5 {
+			t.Fatalf("lookup renamed: %+v %v", battr, err)
+		}
+		// hard link
+		la, err := c.Link(ctx, rootCred, bfh, dir, "hard")
+		if err != nil || la.NLink != 2 {
+			t.Fatalf("link: nlink=%d %v", la.NLink, err)
+		}
+		_, ha, err := c.Lookup(ctx, rootCred, dir, "hard")
+		if err != nil || ha.FileID != battr.FileID {
+			t.Fatalf("hard link fileid %d vs %d: %v", ha.FileID, battr.FileID, err)
+		}
+		// symlink / readlink
+		lfh, lattr, err := c.Symlink(ctx, rootCred, dir, "sym", "sub/b", nil)
+		if err != nil || lattr.Type != TypeLnk {
+			t.Fatalf("symlink: %+v %v", lattr, err)
+		}
+		if target, err := c.Readlink(ctx, rootCred, lfh); err != nil || target != "sub/b" {
+			t.Fatalf("readlink = %q, %v", target, err)
+		}
+		// rename over an existing target
+		if err := c.Rename(ctx, rootCred, dir, "sym", dir, "hard"); err != nil {
+			t.Fatalf("rename over existing: %v", err)
+		}
+		// errors map to errno
+		if _, _, err := c.Mkdir(ctx, rootCred, dir, "sub", nil); Errno(err) != syscall.EEXIST {
+			t.Fatalf("mkdir existing: %v", err)
+		}
+		if err := c.Remove(ctx, rootCred, dir, "sub"); Errno(err) != syscall.ENOTEMPTY {
+			t.Fatalf("rmdir non-empty: %v", err)
+		}
+		// chmod and times
+		mt := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+		a, err := c.SetAttr(ctx, rootCred, bfh, StateID{}, &SetAttr{Mode: ptr(uint32(0o640)), Mtime: &mt, UID: ptr(uint32(1234)), GID: ptr(uint32(567))})
+		if err != nil || a.Mode != 0o640 || !a.Mtime.Equal(mt) || a.UID != 1234 || a.GID != 567 {
+			t.Fatalf("setattr: mode %o mtime %v uid %d gid %d: %v", a.Mode, a.Mtime, a.UID, a.GID, err)
+		}
+		// remove everything
+		for _, step := range []struct {
+			dir  []byte
+			name string
+		}{{sub, "b"}, {dir, "sub"}, {dir, "hard"}} {
+			if err := c.Remove(ctx, rootCred, step.dir, step.name); err != nil {
+				t.Fatalf("remove %s: %v", step.name, err)
+			}
+		}
+		ents, err := c.ReadDirAll(ctx, rootCred, dir)
+		if err != nil || len(ents) != 0 {
+			t.Fatalf("directory not empty after removes: %d entries, %v", len(ents), err)
+		}
+	})
+}
+
+func TestReadDir1000(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		c := dial(t, p, oncrpc.TCPOptions{})
+		ctx := testCtx(t)
+		dir := testDir(t, c)
+		const n = 1000
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		sem := make(chan struct{}, 16)
+		for i := range n {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				name := fmt.Sprintf("entry-%04d-with-a-longer-name", i)
+				var err error
+				if i%2 == 0 {
+					_, _, err = c.Mkdir(ctx, rootCred, dir, name, nil)
+				} else {
+					var of *OpenFile
+					of, err = c.Open(ctx, rootCred, dir, name, OpenArgs{Access: ShareAccessWrite, Create: Guarded})
+					if err == nil {
+						err = c.CloseFile(ctx, rootCred, of)
+					}
+				}
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", name, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		ents, err := c.ReadDirAll(ctx, rootCred, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := make(map[string]int)
+		for _, e := range ents {
+			seen[e.Name]++
+			wantType := TypeReg
+			if strings.HasPrefix(e.Name, "entry-") {
+				var i int
+				fmt.Sscanf(e.Name, "entry-%04d", &i)
+				if i%2 == 0 {
+					wantType = TypeDir
+				}
+			}
+			if e.Attr.Type != wantType || e.Attr.FileID == 0 {
+				t.Fatalf("%s: readdir attrs type %d fileid %d", e.Name, e.Attr.Type, e.Attr.FileID)
+			}
+		}
+		if len(seen) != n || len(ents) != n {
+			t.Fatalf("readdir returned %d entries, %d distinct, want %d", len(ents), len(seen), n)
+		}
+		for name, k := range seen {
+			if k != 1 {
+				t.Fatalf("%s returned %d times", name, k)
+			}
+		}
+	})
+}
+
+// cuttingConn closes the connection once the client has written more than
+// limit bytes over all connections, the first time only.
+type cuttingConn struct {
+	net.Conn
+	written *atomic.Int64
+	limit   int64
+	cut     *atomic.Bool
+}
+
+func (c *cuttingConn) Write(b []byte) (int, error) {
+	if c.written.Add(int64(len(b))) > c.limit && c.cut.CompareAndSwap(false, true) {
+		n, _ := c.Conn.Write(b[:len(b)/2])
+		c.Conn.Close()
+		return n, errors.New("test: connection cut")
+	}
+	return c.Conn.Write(b)
+}
+
+func TestReconnectDuringWrite(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		var written atomic.Int64
+		var cut atomic.Bool
+		var gens atomic.Uint64
+		topts := oncrpc.TCPOptions{
+			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				var d net.Dialer
+				nc, err := d.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &cuttingConn{Conn: nc, written: &written, limit: 3 << 20, cut: &cut}, nil
+			},
+			OnConnect: func(g uint64) { gens.Store(g) },
+		}
+		c := dial(t, p, topts)
+		ctx := testCtx(t)
+		dir := testDir(t, c)
+		of, err := c.Open(ctx, rootCred, dir, "big", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := pattern(10<<20, 99)
+		w := c.NewUnstableWriter(rootCred, of, 4)
+		if err := w.WriteAt(ctx, bytes.Clone(data), 0); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		if err := w.Commit(ctx); err != nil {
+			t.Fatalf("commit: %v", err)
+		}
+		if !cut.Load() || gens.Load() < 2 {
+			t.Fatalf("connection was not cut and remade (cut=%v connections=%d)", cut.Load(), gens.Load())
+		}
+		if got := readAll(ctx, t, c, of, len(data)); !bytes.Equal(got, data) {
+			t.Fatalf("after reconnect read %d bytes that differ from the data written", len(got))
+		}
+		if err := c.CloseFile(ctx, rootCred, of); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestCloseDestroysClient(t *testing.T) {
+	k := testpeer.RequireKnfsd(t)
+	p := peer{name: "knfsd", addr: k.TCPAddr, export: "/", knfsd: k}
+	tr := oncrpc.NewTCPTransport(p.addr, oncrpc.TCPOptions{})
+	ctx := testCtx(t)
+	c, err := Dial(ctx, Config{Transport: tr, Export: p.export})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := string(c.ownerID)
+	count := func() int {
+		out, err := k.Exec(ctx, "cat /proc/fs/nfsd/clients/*/info 2>/dev/null")
+		if err != nil {
+			t.Fatalf("exec: %v", err)
+		}
+		return strings.Count(out, owner)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("server lists our client %d times while mounted, want 1", n)
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("server still lists our client after Close (%d)", n)
+	}
+}
+
+func TestNonexistentExport(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	tr := oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{})
+	_, err := Dial(testCtx(t), Config{Transport: tr, Export: "/no/such/export"})
+	if Errno(err) != syscall.ENOENT {
+		t.Fatalf("dial of missing export: %v, want ENOENT", err)
+	}
+}

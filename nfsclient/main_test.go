@@ -1,0 +1,9 @@
+package nfsclient
+
+import (
+	"testing"
+
+	"github.com/rdmafs/rdmafs/internal/testpeer"
+)
+
+func TestMain(m *testing.M) { testpeer.Main(m) }

@@ -1,0 +1,95 @@
+package nfsclient
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// slotTable is the client side of a session's fore channel slot table
+// (RFC 8881 s2.10.6.1): each request takes a free slot and carries that
+// slot's next sequence ID. The server's target_highest_slotid limits which
+// slots may be used.
+type slotTable struct {
+	mu       sync.Mutex
+	seq      []uint32 // next sequence ID to send, per slot
+	busy     []bool
+	poisoned []bool // outcome unknown: never used again in this session
+	target   int    // highest slot ID the server wants used
+	highest  int    // highest slot ID in use, for sa_highest_slotid
+	wake     chan struct{}
+}
+
+func newSlotTable(n int) *slotTable {
+	t := &slotTable{
+		seq:      make([]uint32, n),
+		busy:     make([]bool, n),
+		poisoned: make([]bool, n),
+		target:   n - 1,
+		wake:     make(chan struct{}),
+	}
+	for i := range t.seq {
+		t.seq[i] = 1 // RFC 8881 s2.10.6.1: the first request on a slot uses 1
+	}
+	return t
+}
+
+// errNoSlots means every slot's state is unknown; the session must be
+// replaced.
+var errNoSlots = fmt.Errorf("%w: no usable session slots", ErrProtocol)
+
+// acquire waits for a free slot and returns its ID and sequence ID.
+func (t *slotTable) acquire(ctx context.Context) (slot int, seq uint32, highest int, err error) {
+	for {
+		t.mu.Lock()
+		usable := false
+		for i := 0; i <= t.target && i < len(t.busy); i++ {
+			if t.poisoned[i] {
+				continue
+			}
+			usable = true
+			if !t.busy[i] {
+				t.busy[i] = true
+				t.highest = max(t.highest, i)
+				h := t.highest
+				s := t.seq[i]
+				t.mu.Unlock()
+				return i, s, h, nil
+			}
+		}
+		wake := t.wake
+		t.mu.Unlock()
+		if !usable {
+			return 0, 0, 0, errNoSlots
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return 0, 0, 0, ctx.Err()
+		}
+	}
+}
+
+// release frees slot. done says the server processed the SEQUENCE (so the
+// slot's sequence ID advances); unknown says the outcome is not known, so
+// the slot is retired (RFC 8881 s2.10.6.1.2: reusing it risks a false
+// retry). target is the server's sr_target_highest_slotid, or -1.
+func (t *slotTable) release(slot int, done, unknown bool, target int) {
+	t.mu.Lock()
+	t.busy[slot] = false
+	if done {
+		t.seq[slot]++
+	}
+	if unknown {
+		t.poisoned[slot] = true
+	}
+	if target >= 0 {
+		t.target = min(target, len(t.busy)-1)
+	}
+	for t.highest > 0 && !t.busy[t.highest] {
+		t.highest--
+	}
+	close(t.wake)
+	t.wake = make(chan struct{})
+	t.mu.Unlock()
+}

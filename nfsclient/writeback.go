@@ -1,0 +1,165 @@
+package nfsclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+// UnstableWriter writes one open file as UNSTABLE WRITEs, several in
+// flight, and keeps each write's data until a COMMIT returns the same
+// write verifier. A different verifier means the server may have lost
+// the data (it rebooted), so the writes are sent again (RFC 8881
+// s18.32.3, s18.3.3).
+type UnstableWriter struct {
+	c    *Client
+	cred oncrpc.Credential
+	fh   []byte
+	sid  StateID
+
+	sem chan struct{} // bounds writes in flight
+	wg  sync.WaitGroup
+
+	mu      sync.Mutex
+	pending []pendingWrite
+	err     error // first write error, reported by Flush and Commit
+}
+
+type pendingWrite struct {
+	off  uint64
+	data []byte
+	verf Verifier
+}
+
+// maxWriteResends bounds how often a COMMIT with a changed verifier makes
+// the writer send its data again before it reports an error.
+const maxWriteResends = 3
+
+// NewUnstableWriter returns a writer for the open file of. inFlight
+// bounds concurrent WRITEs; 0 means 4.
+func (c *Client) NewUnstableWriter(cred oncrpc.Credential, of *OpenFile, inFlight int) *UnstableWriter {
+	if inFlight <= 0 {
+		inFlight = 4
+	}
+	return &UnstableWriter{c: c, cred: cred, fh: of.FH, sid: of.StateID, sem: make(chan struct{}, inFlight)}
+}
+
+// WriteAt starts writing data at off, in WSize pieces. The writer owns
+// data from now on: the caller must not change it.
+func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64) error {
+	for len(data) > 0 {
+		n := min(len(data), w.c.wsize)
+		piece := data[:n]
+		select {
+		case w.sem <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		w.wg.Add(1)
+		go func(off uint64) {
+			defer w.wg.Done()
+			defer func() { <-w.sem }()
+			err := w.write(ctx, off, piece, Unstable)
+			if err != nil {
+				w.mu.Lock()
+				if w.err == nil {
+					w.err = err
+				}
+				w.mu.Unlock()
+			}
+		}(off)
+		data = data[n:]
+		off += uint64(n)
+	}
+	return w.firstErr()
+}
+
+// write sends one WRITE, repeating it for a short count, and remembers
+// unstable data for the next COMMIT.
+func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, stable Stable) error {
+	for len(data) > 0 {
+		res, err := w.c.Write(ctx, w.cred, w.fh, w.sid, off, data, stable)
+		if err != nil {
+			return fmt.Errorf("write at %d: %w", off, err)
+		}
+		if res.Count == 0 {
+			return fmt.Errorf("write at %d: %w: server wrote 0 bytes", off, ErrProtocol)
+		}
+		done := data[:res.Count]
+		if res.Committed == Unstable {
+			w.mu.Lock()
+			w.pending = append(w.pending, pendingWrite{off: off, data: done, verf: res.Verifier})
+			w.mu.Unlock()
+		}
+		data = data[res.Count:]
+		off += uint64(res.Count)
+	}
+	return nil
+}
+
+func (w *UnstableWriter) firstErr() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// Flush waits for the writes in flight.
+func (w *UnstableWriter) Flush() error {
+	w.wg.Wait()
+	return w.firstErr()
+}
+
+// Commit waits for the writes in flight, then COMMITs them. Writes whose
+// verifier differs from the COMMIT's are sent again, FILE_SYNC.
+func (w *UnstableWriter) Commit(ctx context.Context) error {
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for range maxWriteResends {
+		w.mu.Lock()
+		pending := w.pending
+		w.pending = nil
+		w.mu.Unlock()
+		if len(pending) == 0 {
+			return nil
+		}
+		verf, err := w.c.Commit(ctx, w.cred, w.fh, 0, 0)
+		if err != nil {
+			w.mu.Lock()
+			w.pending = append(pending, w.pending...)
+			w.mu.Unlock()
+			return fmt.Errorf("commit: %w", err)
+		}
+		var resend []pendingWrite
+		for _, p := range pending {
+			if p.verf != verf {
+				resend = append(resend, p)
+			}
+		}
+		if len(resend) == 0 {
+			return nil
+		}
+		w.c.trace("COMMIT verifier changed: resending %d writes", len(resend))
+		for _, p := range resend {
+			if err := w.write(ctx, p.off, p.data, FileSync); err != nil {
+				return err
+			}
+		}
+	}
+	return errors.New("commit: write verifier keeps changing")
+}
+
+// Pending returns the number of bytes written unstable and not yet
+// committed.
+func (w *UnstableWriter) Pending() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, p := range w.pending {
+		n += len(p.data)
+	}
+	return n
+}

@@ -1,0 +1,152 @@
+package oncrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+)
+
+// ClientOptions tune a Client's retry behaviour, as the NFS mount options
+// timeo, retrans and soft/hard do.
+type ClientOptions struct {
+	// Timeout is how long one transmission waits for its reply before the
+	// call is sent again (timeo). Zero means 60 s, the Linux TCP default.
+	Timeout time.Duration
+	// Retrans is how many times a call is sent again after a timeout or a
+	// broken connection before a soft client gives up. Zero means 2.
+	Retrans int
+	// Hard makes the client retry forever (until ctx ends) instead of
+	// failing with ErrTimeout after Retrans retransmissions.
+	Hard bool
+	// OnRetransmit, if set, is called before each retransmission.
+	OnRetransmit func(xid uint32, attempt int, cause error)
+}
+
+// ErrTimeout is returned by a soft client that got no reply after its
+// retransmissions.
+var ErrTimeout = errors.New("rpc: timed out")
+
+// Client sends calls of one RPC program and version over a Transport.
+type Client struct {
+	tr         Transport
+	prog, vers uint32
+	opts       ClientOptions
+	xid        atomic.Uint32
+}
+
+// NewClient returns a Client for program prog, version vers over tr.
+func NewClient(tr Transport, prog, vers uint32, opts ClientOptions) *Client {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 60 * time.Second
+	}
+	if opts.Retrans <= 0 {
+		opts.Retrans = 2
+	}
+	c := &Client{tr: tr, prog: prog, vers: vers, opts: opts}
+	// RFC 5531 s9: XIDs only need to be unique per client; a random start
+	// keeps a restarted client from reusing a server's replay-cache entry.
+	c.xid.Store(rand.Uint32())
+	return c
+}
+
+// Transport returns the client's transport.
+func (c *Client) Transport() Transport { return c.tr }
+
+// StartCall appends the RPC header for procedure proc to e and returns the
+// XID it allocated. The caller then appends the arguments.
+func (c *Client) StartCall(e *xdr.Encoder, proc uint32, cred Credential) uint32 {
+	xid := c.xid.Add(1)
+	AppendCallHeader(e, xid, c.prog, c.vers, proc, cred)
+	return xid
+}
+
+// Do sends call and returns its reply with Results set to the procedure
+// results. It retransmits after a timeout or a broken connection, keeping
+// the XID so the server's duplicate request cache can recognise the call.
+// The caller must Release the reply.
+func (c *Client) Do(ctx context.Context, call *Call) (*Reply, error) {
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if !c.opts.Hard && attempt > c.opts.Retrans {
+				return nil, fmt.Errorf("%w after %d transmissions: %w", ErrTimeout, attempt, lastErr)
+			}
+			if c.opts.OnRetransmit != nil {
+				c.opts.OnRetransmit(call.XID, attempt, lastErr)
+			}
+		}
+		rep, err := c.roundTrip(ctx, call)
+		if err == nil {
+			return rep, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		if !errors.Is(err, ErrConnection) && !errors.Is(err, context.DeadlineExceeded) {
+			return nil, err
+		}
+		lastErr = err
+		if errors.Is(err, ErrConnection) {
+			// Do not spin against a server that refuses connections.
+			if err := sleepCtx(ctx, backoff(attempt)); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+func (c *Client) roundTrip(ctx context.Context, call *Call) (*Reply, error) {
+	tctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	rep, err := c.tr.RoundTrip(tctx, call)
+	if err != nil {
+		return nil, err
+	}
+	xid, results, err := ParseReply(rep.Msg)
+	if err == nil && xid != call.XID {
+		err = fmt.Errorf("%w: XID %#x for call %#x", ErrBadReply, xid, call.XID)
+	}
+	if err != nil {
+		rep.Release()
+		var ae *AcceptError
+		if errors.As(err, &ae) {
+			ae.Prog, ae.Vers = c.prog, c.vers
+		}
+		return nil, err
+	}
+	rep.Results = results
+	return rep, nil
+}
+
+func backoff(attempt int) time.Duration {
+	d := 100 * time.Millisecond << min(attempt, 6)
+	return d
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Ping sends the NULL procedure (procedure 0) and waits for its reply.
+func (c *Client) Ping(ctx context.Context) error {
+	var e xdr.Encoder
+	xid := c.StartCall(&e, 0, AuthNone)
+	rep, err := c.Do(ctx, &Call{XID: xid, Head: e.Bytes()})
+	if err != nil {
+		return fmt.Errorf("rpc NULL: %w", err)
+	}
+	rep.Release()
+	return nil
+}

@@ -1,0 +1,353 @@
+package oncrpc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+)
+
+// echoServer is an in-process RPC peer for fault injection: it answers
+// every call with SUCCESS and the call's arguments as results, in records
+// cut into fragments of fragSize bytes.
+type echoServer struct {
+	ln       net.Listener
+	fragSize int
+	calls    atomic.Int64
+	delay    func(payload []byte) time.Duration
+	mu       sync.Mutex
+	conns    []net.Conn
+	// onConn, if set, runs in the connection's goroutine before serving.
+	onConn func(c net.Conn, w *bufio.Writer, wmu *sync.Mutex)
+}
+
+// newEchoServer starts an echo server; setup, if not nil, configures it
+// before it accepts connections.
+func newEchoServer(t *testing.T, fragSize int, setup func(s *echoServer)) *echoServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &echoServer{ln: ln, fragSize: fragSize}
+	if setup != nil {
+		setup(s)
+	}
+	go s.serve()
+	t.Cleanup(func() {
+		ln.Close()
+		s.mu.Lock()
+		for _, c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+	})
+	return s
+}
+
+func (s *echoServer) addr() string { return s.ln.Addr().String() }
+
+func (s *echoServer) dropAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		c.Close()
+	}
+	s.conns = nil
+}
+
+func (s *echoServer) serve() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		s.conns = append(s.conns, c)
+		s.mu.Unlock()
+		go s.serveConn(c)
+	}
+}
+
+func writeFragments(w *bufio.Writer, msg []byte, fragSize int) {
+	for {
+		n := min(len(msg), fragSize)
+		hdr := uint32(n)
+		if n == len(msg) {
+			hdr |= lastFragment
+		}
+		binary.Write(w, binary.BigEndian, hdr)
+		w.Write(msg[:n])
+		msg = msg[n:]
+		if len(msg) == 0 {
+			break
+		}
+	}
+	w.Flush()
+}
+
+func (s *echoServer) serveConn(c net.Conn) {
+	br := bufio.NewReader(c)
+	bw := bufio.NewWriter(c)
+	var wmu sync.Mutex
+	if s.onConn != nil {
+		s.onConn(c, bw, &wmu)
+	}
+	for {
+		msg, err := readRecord(br, 1<<30)
+		if err != nil {
+			return
+		}
+		if mt, _ := MessageType(msg.buf); mt == MsgReply {
+			continue // reply to a backward call; the test checks it itself
+		}
+		h, args, err := ParseCall(msg.buf)
+		if err != nil {
+			return
+		}
+		s.calls.Add(1)
+		args = append([]byte(nil), args...)
+		go func() {
+			if s.delay != nil && len(args) >= 4 {
+				time.Sleep(s.delay(args[4:])) // the payload after its length word
+			}
+			var e xdr.Encoder
+			AppendAcceptedReply(&e, h.XID, Success, 0, 0)
+			e.FixedOpaque(args)
+			wmu.Lock()
+			writeFragments(bw, e.Bytes(), s.fragSize)
+			wmu.Unlock()
+		}()
+	}
+}
+
+func echoCall(ctx context.Context, c *Client, payload []byte) ([]byte, error) {
+	var e xdr.Encoder
+	xid := c.StartCall(&e, 1, AuthSys{MachineName: "t", UID: 1, GID: 2}.Credential())
+	e.Uint32(uint32(len(payload)))
+	rep, err := c.Do(ctx, &Call{XID: xid, Head: e.Bytes(), Bulk: payload})
+	if err != nil {
+		return nil, err
+	}
+	defer rep.Release()
+	d := xdr.NewDecoder(rep.Results)
+	out := d.Opaque(1 << 30)
+	if err := d.Err(); err != nil {
+		return nil, err
+	}
+	return append([]byte(nil), out...), nil
+}
+
+func TestTCPMultiFragmentBothWays(t *testing.T) {
+	srv := newEchoServer(t, 1000, nil)
+	tr := NewTCPTransport(srv.addr(), TCPOptions{MaxFragment: 777})
+	defer tr.Close()
+	c := NewClient(tr, 99, 1, ClientOptions{})
+	for _, n := range []int{0, 1, 776, 777, 778, 4096, 100003} {
+		payload := bytes.Repeat([]byte{byte(n)}, n)
+		got, err := echoCall(context.Background(), c, payload)
+		if err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("%d bytes: echo mismatch (got %d bytes)", n, len(got))
+		}
+	}
+}
+
+func TestTCPManyInFlight(t *testing.T) {
+	// Reply in reverse order of arrival to check XID matching.
+	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
+		s.delay = func(args []byte) time.Duration {
+			return time.Duration(200-int(args[0])%200) * 100 * time.Microsecond
+		}
+	})
+	tr := NewTCPTransport(srv.addr(), TCPOptions{})
+	defer tr.Close()
+	c := NewClient(tr, 99, 1, ClientOptions{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			payload := bytes.Repeat([]byte{byte(i)}, 1+i*13)
+			got, err := echoCall(context.Background(), c, payload)
+			if err == nil && !bytes.Equal(got, payload) {
+				err = fmt.Errorf("call %d: wrong reply", i)
+			}
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestTCPCancelLeavesConnectionUsable(t *testing.T) {
+	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
+		s.delay = func(args []byte) time.Duration {
+			if len(args) > 0 && args[0] == 0xee {
+				return 300 * time.Millisecond
+			}
+			return 0
+		}
+	})
+	tr := NewTCPTransport(srv.addr(), TCPOptions{})
+	defer tr.Close()
+	c := NewClient(tr, 99, 1, ClientOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	_, err := echoCall(ctx, c, []byte{0xee})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want deadline exceeded", err)
+	}
+	got, err := echoCall(context.Background(), c, []byte("after"))
+	if err != nil || string(got) != "after" {
+		t.Fatalf("call after cancel: %q %v", got, err)
+	}
+	time.Sleep(400 * time.Millisecond) // let the late reply arrive and be dropped
+	if got, err := echoCall(context.Background(), c, []byte("late")); err != nil || string(got) != "late" {
+		t.Fatalf("call after late reply: %q %v", got, err)
+	}
+}
+
+func TestTCPReconnectRetransmits(t *testing.T) {
+	var once sync.Once
+	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
+		s.delay = func(args []byte) time.Duration {
+			if args[0] == 1 {
+				once.Do(func() { go s.dropAll() })
+				return 50 * time.Millisecond
+			}
+			return 0
+		}
+	})
+	gens := atomic.Uint64{}
+	tr := NewTCPTransport(srv.addr(), TCPOptions{OnConnect: func(g uint64) { gens.Store(g) }})
+	defer tr.Close()
+	retrans := atomic.Int32{}
+	c := NewClient(tr, 99, 1, ClientOptions{Retrans: 3, OnRetransmit: func(uint32, int, error) { retrans.Add(1) }})
+	got, err := echoCall(context.Background(), c, []byte{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, []byte{1, 2, 3}) {
+		t.Fatalf("got %v", got)
+	}
+	if gens.Load() < 2 || retrans.Load() < 1 {
+		t.Fatalf("connections %d retransmissions %d, want a reconnect and a retransmission", gens.Load(), retrans.Load())
+	}
+}
+
+func TestTCPSoftTimeout(t *testing.T) {
+	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
+		s.delay = func([]byte) time.Duration { return time.Hour }
+	})
+	tr := NewTCPTransport(srv.addr(), TCPOptions{})
+	defer tr.Close()
+	c := NewClient(tr, 99, 1, ClientOptions{Timeout: 20 * time.Millisecond, Retrans: 2})
+	_, err := echoCall(context.Background(), c, []byte{1})
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("err = %v, want ErrTimeout", err)
+	}
+	if n := srv.calls.Load(); n != 3 {
+		t.Fatalf("server saw %d transmissions, want 3", n)
+	}
+}
+
+func TestTCPDialFailure(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	tr := NewTCPTransport(addr, TCPOptions{})
+	c := NewClient(tr, 99, 1, ClientOptions{Retrans: 1})
+	err := c.Ping(context.Background())
+	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrConnection) {
+		t.Fatalf("err = %v, want timeout wrapping connection error", err)
+	}
+}
+
+type handlerFunc func([]byte) []byte
+
+func (f handlerFunc) HandleCall(m []byte) []byte { return f(m) }
+
+func TestTCPBackwardCall(t *testing.T) {
+	gotReply := make(chan []byte, 1)
+	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
+		s.onConn = func(c net.Conn, w *bufio.Writer, wmu *sync.Mutex) {
+			// The server calls the client before serving it, in
+			// 5-byte fragments: program 0x40000000.
+			var e xdr.Encoder
+			AppendCallHeader(&e, 0xabcdef, 0x40000000, 1, 0, AuthNone)
+			wmu.Lock()
+			writeFragments(w, e.Bytes(), 5)
+			wmu.Unlock()
+		}
+	})
+	tr := NewTCPTransport(srv.addr(), TCPOptions{})
+	defer tr.Close()
+	tr.SetCallHandler(handlerFunc(func(msg []byte) []byte {
+		h, _, err := ParseCall(msg)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		gotReply <- append([]byte(nil), msg...)
+		var e xdr.Encoder
+		AppendAcceptedReply(&e, h.XID, Success, 0, 0)
+		return e.Bytes()
+	}))
+	c := NewClient(tr, 99, 1, ClientOptions{})
+	if _, err := echoCall(context.Background(), c, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case msg := <-gotReply:
+		h, _, _ := ParseCall(msg)
+		if h.XID != 0xabcdef || h.Prog != 0x40000000 {
+			t.Fatalf("handler saw %+v", h)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("backward call not delivered")
+	}
+}
+
+func TestTCPRecordTooLarge(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		bufio.NewReader(c).Peek(4)
+		c.Write([]byte{0xff, 0xff, 0xff, 0xff}) // a 2 GiB fragment
+		time.Sleep(time.Second)
+	}()
+	tr := NewTCPTransport(ln.Addr().String(), TCPOptions{MaxRecord: 1 << 20})
+	defer tr.Close()
+	var e xdr.Encoder
+	AppendCallHeader(&e, 1, 1, 1, 0, AuthNone)
+	_, err = tr.RoundTrip(context.Background(), &Call{XID: 1, Head: e.Bytes()})
+	if !errors.Is(err, ErrConnection) || !errors.Is(err, errRecordTooLarge) {
+		t.Fatalf("err = %v, want record-too-large connection error", err)
+	}
+}

@@ -1,0 +1,49 @@
+#!/bin/bash
+# Install everything rdmafs's tests need on a Debian machine (run as root),
+# then pre-build the kpeer guest (test/kpeer) so the first test run does not.
+# Idempotent: apt-get update runs only when a package is missing, and the
+# kpeer build is cached in test/kpeer/build (or $KPEER_BUILD_DIR).
+#
+#   scripts/deps.sh              # used by `make deps` and CI
+#   DEPS_SKIP_KPEER=1 scripts/deps.sh   # packages only
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PKGS=(
+  fuse3
+  nfs-ganesha nfs-ganesha-vfs nfs-ganesha-mem
+  qemu-system-x86 busybox-static python3 binutils gcc make xz-utils zstd
+  util-linux   # flock
+)
+
+say() { echo "deps: $*"; }
+fail() { echo "deps: FAILED: $*" >&2; exit 1; }
+trap 'fail "command failed at line $LINENO (see output above)"' ERR
+
+[ "$(id -u)" = 0 ] || fail "must run as root (apt-get install, kpeer guest build)"
+command -v apt-get >/dev/null || fail "needs a Debian/Ubuntu system with apt-get"
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
+
+missing=()
+for p in "${PKGS[@]}"; do installed "$p" || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "missing packages: ${missing[*]}"
+  say "apt-get update"
+  apt-get update -q -o DPkg::Lock::Timeout=300 || fail "apt-get update"
+  say "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=300 \
+    --no-install-recommends "${missing[@]}" || fail "apt-get install ${missing[*]}"
+else
+  say "all packages installed: ${PKGS[*]}"
+fi
+
+# The kpeer guest: run.sh installs the matching linux-headers package,
+# downloads the guest's Debian packages and builds siw.ko (cached).
+if [ "${DEPS_SKIP_KPEER:-0}" = 1 ]; then
+  say "DEPS_SKIP_KPEER=1: not building the kpeer guest"
+else
+  say "building the kpeer guest (test/kpeer/run.sh, KPEER_BUILD_ONLY=1)"
+  KPEER_BUILD_ONLY=1 "$ROOT/test/kpeer/run.sh" || fail "kpeer guest build (test/kpeer/run.sh)"
+fi
+say "done"

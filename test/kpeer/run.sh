@@ -1,0 +1,288 @@
+#!/bin/bash
+# kpeer: boot a stock Debian kernel in qemu as an NFSv4.1 server with a TCP
+# listener (guest 2049 -> host 127.0.0.1:$KPEER_TCP_PORT) and an RPC-over-RDMA
+# listener on soft-iWARP (siw, guest 20049 -> host 127.0.0.1:$KPEER_RDMA_PORT).
+#
+# Needs only Debian apt.  Debian's kernels are built without CONFIG_RDMA_SIW,
+# so siw.ko is compiled out of tree from Debian's linux-source-X.Y package
+# against the matching linux-headers package (same version as the image).
+#
+# Environment knobs:
+#   KPEER_TCP_PORT=N           host port for nfsd TCP (default 22049)
+#   KPEER_RDMA_PORT=N          host port for nfsd RDMA/siw (default 20049)
+#   KPEER_SHELL_PORT=N         host port for the guest control shell (default 22022)
+#   KPEER_RUN_DIR=DIR          per-instance dir: qemu.pid, serial.log, initrd (default test/kpeer/run)
+#   KPEER_BUILD_DIR=DIR        shared build cache (default test/kpeer/build); safe for
+#                              concurrent run.sh invocations (flock on DIR/.lock)
+#   KPEER_BUILD_ONLY=1         install host packages, build the cache, then exit (no boot)
+#   KPEER_ACCEL=auto|kvm|tcg   (default auto: KVM if /dev/kvm is usable, else TCG at once)
+#   KPEER_MEM=MiB              (default 1024)
+#   KPEER_SMP=N                (default 1)
+#   KPEER_TIMEOUT=S            seconds to wait for READY (default 300)
+#   KPEER_KVM_PROBE=S          seconds a KVM guest gets to reach /init (default 20)
+#   KPEER_KVM_CPU=model        -cpu for the KVM attempt (default host; TCG uses max)
+#   KPEER_APPEND="..."         extra kernel cmdline (e.g. "kpeer.debug=1 kpeer.threads=8
+#                              kpeer.siw=mpa_crc_required=1")
+#   KPEER_KVER=6.1.0-56-amd64  kernel ABI (default: what linux-image-amd64 depends on)
+#   KPEER_SIW_PARAMS=1|0       patch siw's compile-time consts into module params
+#                              (default 1; defaults are unchanged)
+#   KPEER_REBUILD=1            force rebuilding the build cache
+#   KPEER_WATCH_PID=PID        kill the qemu when process PID exits (used by the Go
+#                              harness so a killed test binary leaves no qemu behind)
+set -euo pipefail
+T0=$(date +%s.%N)
+HERE=$(cd "$(dirname "$0")" && pwd)
+BASE=${KPEER_BUILD_DIR:-$HERE/build}
+R=${KPEER_RUN_DIR:-$HERE/run}
+BUILD_ONLY=${KPEER_BUILD_ONLY:-0}
+mkdir -p "$BASE"
+BASE=$(cd "$BASE" && pwd)
+if [ "$BUILD_ONLY" != 1 ]; then mkdir -p "$R"; R=$(cd "$R" && pwd); fi
+TCP_PORT=${KPEER_TCP_PORT:-22049}
+RDMA_PORT=${KPEER_RDMA_PORT:-20049}
+SHELL_PORT=${KPEER_SHELL_PORT:-22022}
+ACCEL=${KPEER_ACCEL:-auto}
+MEM=${KPEER_MEM:-1024}
+SMP=${KPEER_SMP:-1}
+TIMEOUT=${KPEER_TIMEOUT:-300}
+KVM_PROBE=${KPEER_KVM_PROBE:-20}
+SIW_PARAMS=${KPEER_SIW_PARAMS:-1}
+REBUILD=${KPEER_REBUILD:-0}
+LOG=$R/serial.log
+PIDF=$R/qemu.pid
+# Bump when the layout of the build cache changes (forces a rebuild).
+CACHE_REV=2
+APT_OPTS=(-q -o DPkg::Lock::Timeout=300)
+
+msg() { echo "[kpeer $(awk -v t0="$T0" -v t1="$(date +%s.%N)" 'BEGIN{printf "%6.1f", t1-t0}')s] $*" >&2; }
+die() { echo "kpeer: $*" >&2; exit 1; }
+is_qemu() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null && grep -q qemu-system "/proc/$1/cmdline" 2>/dev/null; }
+
+for p in "$TCP_PORT" "$RDMA_PORT" "$SHELL_PORT"; do
+  case "$p" in ''|*[!0-9]*) die "bad port '$p'" ;; esac
+done
+if [ "$BUILD_ONLY" != 1 ] && [ -s "$PIDF" ] && is_qemu "$(cat "$PIDF")"; then
+  die "qemu already running for run dir $R (pid $(cat "$PIDF")); run KPEER_RUN_DIR=$R $HERE/stop.sh first"
+fi
+
+# ---------------------------------------------------------------- 1+2. host packages, build cache
+# Everything that writes to $BASE (and apt) runs under an exclusive lock, so
+# several run.sh invocations sharing one build dir are safe.  fd 9 is closed
+# before qemu starts so the daemon does not inherit the lock.
+exec 9>"$BASE/.lock"
+if ! flock -n 9; then
+  msg "waiting for build lock $BASE/.lock"
+  flock 9
+fi
+
+HOSTPKGS="qemu-system-x86 busybox-static python3 binutils gcc make xz-utils zstd"
+# Fast path: cache built for the recorded kernel and the boot tools present.
+CACHED=0
+if [ "$REBUILD" != 1 ] && [ -z "${KPEER_KVER:-}" ] && [ -s "$BASE/kver" ] \
+  && [ -e "$BASE/$(cat "$BASE/kver")/.built-$(cat "$BASE/kver")-siwparams$SIW_PARAMS-rev$CACHE_REV" ] \
+  && command -v qemu-system-x86_64 busybox >/dev/null; then
+  CACHED=1
+  KVER=$(cat "$BASE/kver")
+fi
+if [ "$CACHED" = 0 ]; then
+need_apt_update() { ! apt-cache policy linux-image-amd64 2>/dev/null | awk '/Candidate:/{print $2}' | grep -qv '(none)'; }
+if need_apt_update; then msg "apt-get update"; apt-get update "${APT_OPTS[@]}" >&2; fi
+if [ -z "${KPEER_KVER:-}" ]; then
+  if [ -s "$BASE/kver" ] && [ "$REBUILD" != 1 ]; then KVER=$(cat "$BASE/kver")
+  else KVER=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{sub("linux-image-","",$2); print $2; exit}'); fi
+else KVER=$KPEER_KVER; fi
+[ -n "$KVER" ] || die "cannot resolve kernel version"
+[ -n "${KPEER_KVER:-}" ] || echo "$KVER" > "$BASE/kver"
+B=$BASE/$KVER       # per-kernel build dir
+mkdir -p "$B"
+KSER=${KVER%%-*}; KSER=$(echo "$KSER" | cut -d. -f1,2)   # e.g. 6.1
+missing=()
+for p in $HOSTPKGS "linux-headers-$KVER"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  msg "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y "${APT_OPTS[@]}" --no-install-recommends "${missing[@]}" >&2
+fi
+fi # CACHED
+B=$BASE/$KVER
+KSER=${KVER%%-*}; KSER=$(echo "$KSER" | cut -d. -f1,2)   # e.g. 6.1
+
+GPKGS="linux-image-$KVER nfs-kernel-server libc6 libcap2 libcom-err2 libkeyutils1 libtirpc3
+  libtirpc-common libblkid1 libbsd0 libgssapi-krb5-2 libk5crypto3 libkrb5-3 libkrb5support0
+  libmd0 libmnl0 libnsl2 libuuid1 libwrap0 iproute2"
+STAMP=$B/.built-$KVER-siwparams$SIW_PARAMS-rev$CACHE_REV
+if [ "$REBUILD" = 1 ] || [ ! -e "$STAMP" ]; then
+  msg "building guest for $KVER in $B"
+  rm -rf "$B/debs" "$B/stage" "$B/siw" "$B/lsrc" "$B/root" "$B/base.cpio" "$B"/.built-*
+  mkdir -p "$B/debs" "$B/stage" "$B/lsrc"
+  chmod 777 "$B/debs"   # lets apt's _apt sandbox user write there
+  KVERSION=$(apt-cache policy "linux-image-$KVER" | awk '/Candidate:/{print $2}')
+  # shellcheck disable=SC2086  # GPKGS is a word list
+  dl() { ( cd "$B/debs" && apt-get download -q $GPKGS "linux-source-$KSER=$KVERSION" >&2 ); }
+  dl || { msg "apt-get download failed; apt-get update and retry"; apt-get update "${APT_OPTS[@]}" >&2; dl; }
+  for d in "$B"/debs/*.deb; do
+    case "$d" in */linux-source-*) ;; *) dpkg-deb -x "$d" "$B/stage" ;; esac
+  done
+  msg "extracting siw sources from linux-source-$KSER $KVERSION"
+  dpkg-deb --fsys-tarfile "$B"/debs/linux-source-"$KSER"_*.deb \
+    | tar -xO "./usr/src/linux-source-$KSER.tar.xz" | xz -dc -T0 \
+    | tar -x -C "$B/lsrc" --wildcards "linux-source-$KSER/drivers/infiniband/sw/siw/*"
+  cp -r "$B/lsrc/linux-source-$KSER/drivers/infiniband/sw/siw" "$B/siw"
+  rm -rf "$B/lsrc"
+  if [ "$SIW_PARAMS" = 1 ]; then
+    # Stock siw hard-codes these as 'const bool'; make them module parameters
+    # (same defaults) so MPA behaviour can be changed at insmod time / via sysfs.
+    for v in try_gso mpa_crc_required mpa_crc_strict siw_tcp_nagle peer_to_peer; do
+      sed -i "s/^extern const bool $v;/extern bool $v;/" "$B/siw/siw.h"
+      sed -i "s/^const bool $v\( = true\)\?;/bool $v\1;\nmodule_param($v, bool, 0644);/" "$B/siw/siw_main.c"
+    done
+    sed -i 's/^u_char mpa_version = MPA_REVISION_2;/u_char mpa_version = MPA_REVISION_2;\nmodule_param(mpa_version, byte, 0644);/' "$B/siw/siw_main.c"
+    grep -c '^module_param' "$B/siw/siw_main.c" | grep -qx 6 || die "siw param patch failed"
+  fi
+  msg "building siw.ko against /usr/src/linux-headers-$KVER"
+  make -s -C "/usr/src/linux-headers-$KVER" M="$B/siw" CONFIG_RDMA_SIW=m modules >"$B/siw-build.log" 2>&1 \
+    || { cat "$B/siw-build.log" >&2; exit 1; }
+  strip --strip-debug "$B/siw/siw.ko"
+  rm -f "$B"/debs/linux-source-*.deb    # 140 MB; only siw/ was needed from it
+
+  # Base initramfs: kernel modules, nfs-utils binaries and their libraries.
+  # guest/{init,exports,...} are packed per run into a second cpio archive
+  # (the kernel unpacks concatenated archives in order), so edits to guest/
+  # take effect without a rebuild and nothing per-run is written here.
+  msg "packing base initramfs"
+  ROOT=$B/root
+  mkdir -p "$ROOT"/{bin,sbin,etc/kpeer,lib/x86_64-linux-gnu,usr/sbin,usr/bin,var/lib/nfs,proc,sys,dev,lib64}
+  ln -s /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$ROOT/lib64/ld-linux-x86-64.so.2"
+  cp "$(command -v busybox)" "$ROOT/bin/busybox"
+  MODROOT=$B/stage/lib/modules/$KVER
+  MODS=$(python3 "$HERE/tools/closure.py" mods "$MODROOT" virtio_pci virtio_net crc32c_generic crc32c_intel nfsd rpcrdma "$B/siw/siw.ko")
+  mkdir -p "$ROOT/lib/modules/$KVER"
+  : > "$ROOT/etc/kpeer/modules.order"
+  for m in $MODS; do
+    k=$(basename "$m"); k=${k%.xz}; k=${k%.zst}   # busybox insmod wants plain .ko
+    case "$m" in
+      *.ko.xz) xz -dc "$m" > "$ROOT/lib/modules/$KVER/$k" ;;
+      *.ko.zst) zstd -qdc "$m" > "$ROOT/lib/modules/$KVER/$k" ;;
+      *) cp "$m" "$ROOT/lib/modules/$KVER/$k" ;;
+    esac
+    echo "/lib/modules/$KVER/$k" >> "$ROOT/etc/kpeer/modules.order"
+  done
+  BINS="usr/sbin/rpc.nfsd usr/sbin/rpc.mountd usr/sbin/exportfs usr/bin/rdma"
+  for b in $BINS; do cp "$B/stage/$b" "$ROOT/$b"; done
+  # shellcheck disable=SC2086  # BINS is a word list
+  LIBS=$(cd "$B/stage" && python3 "$HERE/tools/closure.py" libs . $BINS)
+  for l in $LIBS; do
+    cp -L "$B/stage/$l" "$ROOT/lib/x86_64-linux-gnu/$(basename "$l")"
+  done
+  cp "$B/stage/etc/netconfig" "$ROOT/etc/netconfig"
+  printf 'root:x:0:0:root:/:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$ROOT/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' > "$ROOT/etc/group"
+  : > "$ROOT/etc/nfs.conf"
+  ( cd "$ROOT" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null ) > "$B/base.cpio.tmp"
+  mv "$B/base.cpio.tmp" "$B/base.cpio"
+  rm -rf "$ROOT" "$B/debs"
+  # Keep only what boot needs from stage: the kernel image.
+  find "$B/stage" -mindepth 1 -maxdepth 1 ! -name boot -exec rm -rf {} +
+  touch "$STAMP"
+  msg "build done"
+fi
+KERNEL=$B/stage/boot/vmlinuz-$KVER
+if [ ! -s "$KERNEL" ] || [ ! -s "$B/base.cpio" ]; then die "build cache $B incomplete; rerun with KPEER_REBUILD=1"; fi
+
+if [ "$BUILD_ONLY" = 1 ]; then
+  exec 9>&-
+  msg "build only: cache ready in $B"
+  exit 0
+fi
+
+# Per-run initrd (in the run dir): base.cpio + an overlay with guest/*.
+# Copied while holding the lock so a concurrent KPEER_REBUILD cannot race us.
+msg "packing initramfs into $R"
+OV=$R/overlay
+rm -rf "$OV"
+mkdir -p "$OV/etc"
+cp "$HERE/guest/exports" "$HERE/guest/hosts" "$HERE/guest/nsswitch.conf" "$OV/etc/"
+cp "$HERE/guest/init" "$OV/init"; chmod 755 "$OV/init"
+cp "$KERNEL" "$R/vmlinuz"
+{ cat "$B/base.cpio"; ( cd "$OV" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null ); } > "$R/initrd.cpio"
+rm -rf "$OV"
+exec 9>&-   # release the build lock; qemu must not inherit it
+
+# ---------------------------------------------------------------- 3. boot
+APPEND="console=ttyS0 panic=-1 rdinit=/init ${KPEER_APPEND:-}"
+stop_qemu() {
+  local pid
+  pid=$(cat "$PIDF" 2>/dev/null || true)
+  if is_qemu "$pid"; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+  fi
+  rm -f "$PIDF"
+}
+ok=0
+cleanup() { [ "$ok" = 1 ] || stop_qemu; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+watch() { # kill qemu $1 once process $KPEER_WATCH_PID is gone
+  [ -n "${KPEER_WATCH_PID:-}" ] || return 0
+  # shellcheck disable=SC2016  # $1/$2 are expanded by the inner sh
+  setsid sh -c 'while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 1; done
+    if kill -0 "$2" 2>/dev/null && grep -q qemu-system "/proc/$2/cmdline" 2>/dev/null; then kill "$2"; fi' \
+    kpeer-watch "$KPEER_WATCH_PID" "$1" </dev/null >/dev/null 2>&1 &
+}
+boot() { # $1 = kvm|tcg
+  local acc=$1 cpu
+  if [ "$acc" = kvm ]; then cpu=${KPEER_KVM_CPU:-host}; else cpu=max; fi
+  rm -f "$LOG" "$PIDF"
+  qemu-system-x86_64 -name kpeer -machine q35 -accel "$acc" -cpu "$cpu" -m "$MEM" -smp "$SMP" \
+    -kernel "$R/vmlinuz" -initrd "$R/initrd.cpio" -append "$APPEND" \
+    -netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$TCP_PORT-:2049,hostfwd=tcp:127.0.0.1:$RDMA_PORT-:20049,hostfwd=tcp:127.0.0.1:$SHELL_PORT-:22" \
+    -device virtio-net-pci,netdev=n0 \
+    -display none -monitor none -serial "file:$LOG" -no-reboot \
+    -daemonize -pidfile "$PIDF" >"$R/qemu.out" 2>&1 || { cat "$R/qemu.out" >&2; rm -f "$PIDF"; return 1; }
+  echo "$acc" > "$R/accel"
+  watch "$(cat "$PIDF")"
+}
+wait_for() { # $1 = regex, $2 = seconds; returns 0 found, 1 timeout, 2 qemu died, 3 guest FAILED
+  local end=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    grep -qE "$1" "$LOG" 2>/dev/null && return 0
+    grep -q 'kpeer: FAILED' "$LOG" 2>/dev/null && return 3
+    kill -0 "$(cat "$PIDF" 2>/dev/null)" 2>/dev/null || return 2
+    sleep 0.1
+  done
+  return 1
+}
+
+used=""
+if [ "$ACCEL" = auto ] || [ "$ACCEL" = kvm ]; then
+  if [ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ] && boot kvm; then
+    msg "qemu started with KVM (pid $(cat "$PIDF")), probing ${KVM_PROBE}s for kernel banner"
+    set +e; wait_for 'kpeer: uptime .*loading modules' "$KVM_PROBE"; rc=$?; set -e
+    if [ $rc = 0 ]; then used=kvm; else
+      msg "KVM boot did not reach /init (rc=$rc); serial tail:"; tail -5 "$LOG" >&2 || true
+      cp "$LOG" "$R/serial-kvm-failed.log" 2>/dev/null || true
+      stop_qemu
+      if [ "$ACCEL" = kvm ]; then exit 1; fi
+    fi
+  else
+    if [ "$ACCEL" = kvm ]; then die "KVM unavailable (/dev/kvm) or qemu refused to start with it"; fi
+    msg "no usable /dev/kvm; using TCG"
+  fi
+fi
+if [ -z "$used" ]; then
+  boot tcg || die "qemu failed to start (TCG); ports $TCP_PORT/$RDMA_PORT/$SHELL_PORT busy?"
+  used=tcg
+  msg "qemu started with TCG (pid $(cat "$PIDF"))"
+fi
+set +e; wait_for 'kpeer: READY' "$TIMEOUT"; rc=$?; set -e
+if [ $rc != 0 ]; then
+  msg "guest did not become READY (rc=$rc); see $LOG"; tail -30 "$LOG" >&2 || true
+  exit 1
+fi
+ok=1
+msg "$(grep -m1 'kpeer: READY' "$LOG" | tr -d '\r') accel=$used pid=$(cat "$PIDF")"
+echo "kpeer: NFS/TCP 127.0.0.1:$TCP_PORT  NFS/RDMA(iWARP siw) 127.0.0.1:$RDMA_PORT  shell 127.0.0.1:$SHELL_PORT  pid $(cat "$PIDF")  log $LOG"
