@@ -57,6 +57,8 @@ type compound struct {
 	// 8881 s2.10.6.1.3). cacheAt is where SEQUENCE's sa_cachethis is.
 	cacheThis bool
 	cacheAt   int
+
+	rpcCall oncrpc.Call // returned by call, reused to keep the hot path allocation-free
 }
 
 func (c *compound) reset(rpc *oncrpc.Client, cred oncrpc.Credential, tag string) {
@@ -87,11 +89,11 @@ func (c *compound) call() *oncrpc.Call {
 		c.e.PutUint32At(c.cacheAt, 1)
 	}
 	b := c.e.Bytes()
-	call := &oncrpc.Call{XID: c.xid, Head: b, ReplyBulk: c.dest, MaxReplySize: c.maxRep + 256}
+	c.rpcCall = oncrpc.Call{XID: c.xid, Head: b, ReplyBulk: c.dest, MaxReplySize: c.maxRep + 256}
 	if c.bulk != nil {
-		call.Head, call.Bulk, call.Tail = b[:c.split], c.bulk, b[c.split:]
+		c.rpcCall.Head, c.rpcCall.Bulk, c.rpcCall.Tail = b[:c.split], c.bulk, b[c.split:]
 	}
-	return call
+	return &c.rpcCall
 }
 
 // results walks a COMPOUND reply (RFC 8881 s16.2.3, COMPOUND4res).

@@ -239,8 +239,7 @@ func (c *compound) sequence(id SessionID, seq uint32, slot, highest int) {
 // and the status flags.
 func (r *results) decodeSequence(id SessionID) (Status, int, uint32, error) {
 	err := r.next(opSequence)
-	var oe *OpError
-	if errors.As(err, &oe) {
+	if oe, ok := err.(*OpError); ok { // next returns *OpError unwrapped
 		return oe.Status, -1, 0, nil
 	}
 	if err != nil {

@@ -1,0 +1,55 @@
+# rdmafs build, test and benchmark targets. `make help` lists them.
+
+GO          ?= go
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+FUZZTIME    ?= 10s
+# Integration tests boot a qemu guest per test binary; one package at a
+# time keeps two guests from competing for the machine's two cores.
+TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
+BIN         := bin/rdmafs
+
+.PHONY: all help build test unit fuzz bench lint deps demo clean
+
+all: build
+
+help:
+	@echo "make build   build $(BIN)"
+	@echo "make test    unit and integration tests (starts knfsd in qemu and nfs-ganesha)"
+	@echo "make unit    unit tests only (go test -short)"
+	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
+	@echo "make bench   data-path benchmarks"
+	@echo "make lint    gofmt, go vet, staticcheck"
+	@echo "make deps    install the Debian packages the tests need and build the knfsd guest"
+	@echo "make demo    start knfsd, mount it at ./mnt and show it working"
+
+build:
+	$(GO) build -o $(BIN) ./cmd/rdmafs
+
+test: build
+	$(GO) test $(TESTFLAGS) ./...
+
+unit:
+	$(GO) test -short -count=1 ./...
+
+# Every FuzzXxx in the module, each for FUZZTIME.
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+deps:
+	scripts/deps.sh
+
+clean:
+	rm -rf bin

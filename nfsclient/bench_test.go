@@ -1,0 +1,51 @@
+package nfsclient
+
+import (
+	"testing"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+// BenchmarkReadCompound encodes SEQUENCE+PUTFH+READ(4 KiB) and decodes
+// its reply, as every read(2) through the mount does.
+func BenchmarkReadCompound(b *testing.B) {
+	rpc := oncrpc.NewClient(nil, nfsProgram, nfsVersion, oncrpc.ClientOptions{})
+	dest := make([]byte, 4096)
+	var e xdr.Encoder
+	e.Uint32(0)
+	e.String("")
+	e.Uint32(3)
+	e.FixedOpaque(unhex(b, seqOK))
+	e.Uint32(opPutFH)
+	e.Uint32(0)
+	e.Uint32(opRead)
+	e.Uint32(0)
+	e.Bool(false)
+	e.Opaque(make([]byte, 4096))
+	rep := &oncrpc.Reply{Results: e.Bytes()}
+	fh := make([]byte, 28)
+	var cp compound
+	var r results
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		cp.reset(rpc, oncrpc.AuthNone, "")
+		cp.sequence(testSession, 7, 3, 5)
+		cp.putFH(fh)
+		cp.read(StateID{}, 0, dest)
+		cp.call()
+		if err := r.init(&cp, rep); err != nil {
+			b.Fatal(err)
+		}
+		if _, _, _, err := r.decodeSequence(testSession); err != nil {
+			b.Fatal(err)
+		}
+		if err := r.voidOp(opPutFH); err != nil {
+			b.Fatal(err)
+		}
+		if n, _, err := r.decodeRead(); err != nil || n != 4096 {
+			b.Fatal(n, err)
+		}
+	}
+}
