@@ -424,3 +424,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// OwnerID returns the client owner string sent in EXCHANGE_ID; servers
+// list clients by it (knfsd: /proc/fs/nfsd/clients/*/info).
+func (c *Client) OwnerID() string { return string(c.ownerID) }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,7 +16,10 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // peer is a real NFSv4.1 server for integration tests.
@@ -24,19 +28,42 @@ type peer struct {
 	addr   string
 	export string
 	knfsd  *testpeer.Knfsd
+	rdma   bool // RPC-over-RDMA (iWARP) instead of TCP
 }
 
-// forEachPeer runs f against knfsd (kpeer) and nfs-ganesha, as subtests
-// named after the server.
+// forEachPeer runs f against knfsd (kpeer) over TCP and over RPC-over-RDMA,
+// and nfs-ganesha over TCP, as subtests named after the server.
 func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
 	t.Run("knfsd", func(t *testing.T) {
 		k := testpeer.RequireKnfsd(t)
 		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", knfsd: k})
 	})
+	t.Run("knfsd-rdma", func(t *testing.T) {
+		k := testpeer.RequireKnfsd(t)
+		f(t, peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", knfsd: k, rdma: true})
+	})
 	t.Run("ganesha", func(t *testing.T) {
 		g := testpeer.RequireGanesha(t)
 		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export})
 	})
+}
+
+// transport makes the peer's transport; topts only apply to TCP.
+func (p peer) transport(topts oncrpc.TCPOptions) oncrpc.Transport {
+	if p.rdma {
+		return rpcrdma.NewTransport(p.addr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true, Tracer: testTracer()})
+	}
+	return oncrpc.NewTCPTransport(p.addr, topts)
+}
+
+// testTracer traces to stderr the categories in $RDMAFS_TEST_TRACE
+// (e.g. "rdma,nfs"), for debugging a failing test.
+func testTracer() *trace.Tracer {
+	cats, err := trace.Parse(os.Getenv("RDMAFS_TEST_TRACE"))
+	if err != nil || cats == 0 {
+		return nil
+	}
+	return trace.New(os.Stderr, cats)
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -47,8 +74,8 @@ func testCtx(t *testing.T) context.Context {
 
 func dial(t *testing.T, p peer, topts oncrpc.TCPOptions) *Client {
 	t.Helper()
-	tr := oncrpc.NewTCPTransport(p.addr, topts)
-	c, err := Dial(testCtx(t), Config{Transport: tr, Export: p.export, RPC: oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5}})
+	tr := p.transport(topts)
+	c, err := Dial(testCtx(t), Config{Transport: tr, Tracer: testTracer(), Export: p.export, RPC: oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5}})
 	if err != nil {
 		t.Fatalf("%s: dial: %v", p.name, err)
 	}
@@ -344,6 +371,9 @@ func (c *cuttingConn) Write(b []byte) (int, error) {
 
 func TestReconnectDuringWrite(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, p peer) {
+		if p.rdma {
+			t.Skip("covered for RDMA by rpcrdma's reconnect tests; this one cuts a TCP connection")
+		}
 		var written atomic.Int64
 		var cut atomic.Bool
 		var gens atomic.Uint64
@@ -394,7 +424,7 @@ func TestCloseDestroysClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	owner := string(c.ownerID)
+	owner := c.OwnerID()
 	count := func() int {
 		out, err := k.Exec(ctx, "cat /proc/fs/nfsd/clients/*/info 2>/dev/null")
 		if err != nil {

@@ -1,0 +1,239 @@
+// Package rpcrdma implements RPC-over-RDMA (RFC 8166, version 1) for
+// rdmafs: the transport header, chunk marshalling, credits, inline
+// thresholds, connection private data (RFC 8797) and the backward
+// direction (RFC 8167), on both endpoints. The requester is an
+// oncrpc.Transport, so an NFS client runs over it unchanged; the responder
+// serves an RPC handler and is what tests use to inject faults.
+//
+// It knows nothing of NFS: which argument or result may move by RDMA
+// (RFC 8166 s6, the Upper-Layer Binding) reaches it as data on each
+// oncrpc.Call (Bulk, ReplyBulk, MaxReplySize).
+//
+// The files follow the split of Linux's xprtrdma: header.go is the wire
+// format, marshal.go decides how a call is sent, reply.go takes replies
+// apart, conn.go owns the queue pair and buffers, requester.go is the
+// oncrpc.Transport, backchannel.go is the backward direction and
+// responder.go the server side.
+package rpcrdma
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+)
+
+// Protocol versions and message types (RFC 8166 s4.2).
+const (
+	Version1 = 1
+	Version2 = 2
+
+	ProcMsg      = 0 // RDMA_MSG
+	ProcNoMsg    = 1 // RDMA_NOMSG
+	ProcMsgP     = 2 // RDMA_MSGP: RFC 8166 s4.5, not to be sent
+	ProcDone     = 3 // RDMA_DONE: RFC 8166 s4.5, not to be sent
+	ProcError    = 4 // RDMA_ERROR
+	ProcOptional = 5 // RDMA_OPTIONAL (version 2 only)
+
+	ErrVers   = 1 // ERR_VERS
+	ErrChunk  = 2 // ERR_CHUNK (RDMA_ERR_BAD_HEADER in version 2)
+	ErrOption = 3 // RDMA_ERR_INVAL_OPTION (version 2 only)
+
+	// DefaultInline is the inline threshold a peer that sent no
+	// RFC 8797 private data is assumed to have (RFC 8166 s3.3.3).
+	DefaultInline = 1024
+	// MinHeaderLen is an RDMA_MSG header with three empty chunk lists.
+	MinHeaderLen = 28
+)
+
+// Limits on decoded chunk lists: far beyond what a real peer sends, small
+// enough that a hostile header cannot make the decoder allocate much.
+const (
+	maxReadSegments  = 64
+	maxWriteChunks   = 16
+	maxChunkSegments = 64
+)
+
+// Segment is an RDMA segment: a remote memory region's handle (STag),
+// length and offset (RFC 8166 s4.1.2, xdr_rdma_segment).
+type Segment struct {
+	Handle uint32
+	Length uint32
+	Offset uint64
+}
+
+// ReadSegment is one entry of a Read list: a segment and the XDR position
+// in the payload stream where its data belongs (RFC 8166 s3.4.5).
+type ReadSegment struct {
+	Position uint32
+	Segment
+}
+
+// Header is an RPC-over-RDMA transport header.
+type Header struct {
+	XID, Vers, Credit, Proc uint32
+
+	// RDMA_MSG and RDMA_NOMSG.
+	Reads  []ReadSegment
+	Writes [][]Segment // the Write list: one element per Write chunk
+	Reply  []Segment   // the Reply chunk; nil when absent
+
+	// RDMA_ERROR.
+	ErrCode           uint32
+	VersLow, VersHigh uint32
+
+	// RDMA_OPTIONAL (version 2).
+	OptType uint32
+	OptInfo []byte
+}
+
+// ErrBadHeader is wrapped by every header decoding error.
+var ErrBadHeader = errors.New("rpcrdma: malformed transport header")
+
+func encodeSegment(e *xdr.Encoder, s Segment) {
+	e.Uint32(s.Handle)
+	e.Uint32(s.Length)
+	e.Uint64(s.Offset)
+}
+
+func encodeChunk(e *xdr.Encoder, segs []Segment) {
+	e.Uint32(uint32(len(segs)))
+	for _, s := range segs {
+		encodeSegment(e, s)
+	}
+}
+
+// Append appends the encoded header to e (RFC 8166 s4.1.2).
+func (h *Header) Append(e *xdr.Encoder) {
+	e.Uint32(h.XID)
+	e.Uint32(h.Vers)
+	e.Uint32(h.Credit)
+	e.Uint32(h.Proc)
+	switch h.Proc {
+	case ProcMsg, ProcNoMsg:
+		// Lists are XDR optional-data chains: a 1 before each entry, a 0 at
+		// the end (RFC 8166 s4.3).
+		for _, r := range h.Reads {
+			e.Uint32(1)
+			e.Uint32(r.Position)
+			encodeSegment(e, r.Segment)
+		}
+		e.Uint32(0)
+		for _, w := range h.Writes {
+			e.Uint32(1)
+			encodeChunk(e, w)
+		}
+		e.Uint32(0)
+		if h.Reply != nil {
+			e.Uint32(1)
+			encodeChunk(e, h.Reply)
+		} else {
+			e.Uint32(0)
+		}
+	case ProcError:
+		e.Uint32(h.ErrCode)
+		if h.ErrCode == ErrVers {
+			e.Uint32(h.VersLow)
+			e.Uint32(h.VersHigh)
+		}
+	case ProcOptional:
+		e.Uint32(h.OptType)
+		e.Opaque(h.OptInfo)
+	}
+}
+
+func decodeSegment(d *xdr.Decoder) Segment {
+	return Segment{Handle: d.Uint32(), Length: d.Uint32(), Offset: d.Uint64()}
+}
+
+func decodeChunk(d *xdr.Decoder) []Segment {
+	n := d.Length(maxChunkSegments)
+	segs := make([]Segment, 0, n)
+	for range n {
+		segs = append(segs, decodeSegment(d))
+	}
+	return segs
+}
+
+// optional reads the discriminant of an XDR optional-data item.
+func optional(d *xdr.Decoder) bool { return d.Bool() }
+
+// Decode decodes a transport header from msg and returns the length of
+// the header; any RPC payload follows it. Decoding is strict (RFC 8166
+// s4.5 and s7): RDMA_MSGP and RDMA_DONE are refused, an unknown procedure
+// is an error, and lists longer than the limits are rejected. A version-2
+// procedure (RDMA_OPTIONAL, error code 3) is accepted only when v2 is set.
+//
+// ERR_VERS decodes whatever the version word says (RFC 8166 s7: its
+// layout never changes).
+func (h *Header) Decode(msg []byte, v2 bool) (int, error) {
+	*h = Header{Reads: h.Reads[:0], Writes: h.Writes[:0]}
+	d := xdr.NewDecoder(msg)
+	h.XID, h.Vers, h.Credit, h.Proc = d.Uint32(), d.Uint32(), d.Uint32(), d.Uint32()
+	if err := d.Err(); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrBadHeader, err)
+	}
+	switch h.Proc {
+	case ProcMsg, ProcNoMsg:
+		for i := 0; optional(d); i++ {
+			if i == maxReadSegments {
+				return 0, fmt.Errorf("%w: more than %d read segments", ErrBadHeader, maxReadSegments)
+			}
+			h.Reads = append(h.Reads, ReadSegment{Position: d.Uint32(), Segment: decodeSegment(d)})
+		}
+		for i := 0; optional(d); i++ {
+			if i == maxWriteChunks {
+				return 0, fmt.Errorf("%w: more than %d write chunks", ErrBadHeader, maxWriteChunks)
+			}
+			h.Writes = append(h.Writes, decodeChunk(d))
+		}
+		if optional(d) {
+			h.Reply = decodeChunk(d)
+		}
+	case ProcError:
+		h.ErrCode = d.Uint32()
+		switch {
+		case h.ErrCode == ErrVers:
+			h.VersLow, h.VersHigh = d.Uint32(), d.Uint32()
+		case h.ErrCode == ErrChunk, h.ErrCode == ErrOption && v2:
+		case d.Err() == nil:
+			return 0, fmt.Errorf("%w: unknown error code %d", ErrBadHeader, h.ErrCode)
+		}
+	case ProcOptional:
+		if !v2 {
+			return 0, fmt.Errorf("%w: RDMA_OPTIONAL in version %d", ErrBadHeader, h.Vers)
+		}
+		h.OptType = d.Uint32()
+		h.OptInfo = d.Opaque(len(msg))
+	case ProcMsgP, ProcDone:
+		// RFC 8166 s4.5: these are not to be used; a receiver treats them
+		// as an error.
+		return 0, fmt.Errorf("%w: obsolete procedure %d (RDMA_MSGP/RDMA_DONE)", ErrBadHeader, h.Proc)
+	default:
+		return 0, fmt.Errorf("%w: unknown procedure %d", ErrBadHeader, h.Proc)
+	}
+	if err := d.Err(); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrBadHeader, err)
+	}
+	return d.Offset(), nil
+}
+
+// ReadChunkLen returns the total length of the Read list segments at
+// position pos.
+func (h *Header) readChunkLen(pos uint32) int {
+	n := 0
+	for _, r := range h.Reads {
+		if r.Position == pos {
+			n += int(r.Length)
+		}
+	}
+	return n
+}
+
+func chunkLen(segs []Segment) int {
+	n := 0
+	for _, s := range segs {
+		n += int(s.Length)
+	}
+	return n
+}

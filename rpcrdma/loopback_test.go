@@ -1,0 +1,337 @@
+package rpcrdma
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
+)
+
+// The echo program used against the in-process responder: procedure 1
+// returns its opaque argument as an opaque result, which is DDP-eligible
+// in both directions, like NFS WRITE data and READ data. Procedure 2
+// returns a result of the size its argument asks for, not DDP-eligible,
+// like a large READDIR.
+const (
+	echoProg    = 0x20000099
+	procEcho    = 1
+	procBigRepl = 2
+)
+
+type echoHandler struct{ delay time.Duration }
+
+func (h echoHandler) HandleCall(msg []byte) []byte {
+	ch, args, err := oncrpc.ParseCall(msg)
+	if err != nil {
+		return nil
+	}
+	if h.delay > 0 {
+		time.Sleep(h.delay)
+	}
+	d := xdr.NewDecoder(args)
+	var e xdr.Encoder
+	switch ch.Proc {
+	case procEcho:
+		data := d.Opaque(64 << 20)
+		if d.Err() != nil {
+			oncrpc.AppendAcceptedReply(&e, ch.XID, oncrpc.GarbageArgs, 0, 0)
+			return e.Bytes()
+		}
+		oncrpc.AppendAcceptedReply(&e, ch.XID, oncrpc.Success, 0, 0)
+		e.Opaque(data)
+	case procBigRepl:
+		n := d.Uint32()
+		oncrpc.AppendAcceptedReply(&e, ch.XID, oncrpc.Success, 0, 0)
+		e.Opaque(bytes.Repeat([]byte{0x5a}, int(n)))
+	default:
+		oncrpc.AppendAcceptedReply(&e, ch.XID, oncrpc.ProcUnavail, 0, 0)
+	}
+	return e.Bytes()
+}
+
+// echoReplyBulk is the upper-layer binding of the echo program: the
+// result data of procedure 1 is DDP-eligible.
+func echoReplyBulk(reply []byte) (int, int, bool) {
+	_, res, err := oncrpc.ParseReply(reply)
+	if err != nil || len(res) < 4 || len(reply) < 1 {
+		return 0, 0, false
+	}
+	off := len(reply) - len(res)
+	d := xdr.NewDecoder(res)
+	n := d.Uint32()
+	if int(n) > len(res)-4 || len(res) == 4+xdr.RoundUp(int(n)) == false {
+		return 0, 0, false
+	}
+	// Procedure 2's results look alike; the test marks them by content.
+	if n > 0 && res[4] == 0x5a && n >= 8 && res[11] == 0x5a && res[5] == 0x5a {
+		return 0, 0, false
+	}
+	return off + 4, int(n), true
+}
+
+type testEnv struct {
+	resp *Responder
+	tr   *Transport
+	clnt *oncrpc.Client
+}
+
+func newEnv(t *testing.T, rcfg ResponderConfig, ccfg Config) *testEnv {
+	t.Helper()
+	if rcfg.Handler == nil {
+		rcfg.Handler = echoHandler{}
+	}
+	rcfg.Provider = &iwarp.Provider{}
+	if rcfg.ReplyBulk == nil {
+		rcfg.ReplyBulk = echoReplyBulk
+	}
+	resp, err := Listen("127.0.0.1:0", rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccfg.Provider = &iwarp.Provider{}
+	tr := NewTransport(resp.Addr(), ccfg)
+	t.Cleanup(func() {
+		tr.Close()
+		resp.Close()
+	})
+	return &testEnv{resp: resp, tr: tr, clnt: oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5})}
+}
+
+// echo sends data as an echo call with the data as Bulk and a ReplyBulk
+// destination, and checks the result.
+func (env *testEnv) echo(ctx context.Context, data []byte, dest []byte) error {
+	var e xdr.Encoder
+	xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
+	e.Uint32(uint32(len(data)))
+	maxReply := 128
+	if dest == nil {
+		maxReply += len(data) // the result comes back in the reply itself
+	}
+	call := &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, ReplyBulk: dest, MaxReplySize: maxReply}
+	rep, err := env.clnt.Do(ctx, call)
+	if err != nil {
+		return err
+	}
+	defer rep.Release()
+	d := xdr.NewDecoder(rep.Results)
+	var got []byte
+	if rep.BulkPlaced {
+		n := int(d.Uint32())
+		if n > len(dest) {
+			return fmt.Errorf("placed %d bytes in a %d-byte destination", n, len(dest))
+		}
+		got = dest[:n]
+	} else {
+		got = d.Opaque(len(data) + 1)
+	}
+	if err := d.Err(); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("echo of %d bytes returned %d different bytes", len(data), len(got))
+	}
+	return nil
+}
+
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i>>8)
+	}
+	return b
+}
+
+func TestResponderChunkChoices(t *testing.T) {
+	env := newEnv(t, ResponderConfig{RemoteInvalidate: true}, Config{AcceptInvalidate: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tests := []struct {
+		size                 int
+		withDest             bool
+		inline, read, write  uint64
+		wantPlaced, wantRepl bool
+	}{
+		{0, false, 1, 0, 0, false, false},
+		{1001, false, 1, 0, 0, false, false},
+		{4100, false, 0, 1, 0, false, true}, // the echo reply needs a Reply chunk
+		{6000, true, 0, 1, 1, true, false},
+		{1 << 20, true, 0, 1, 1, true, false},
+		{16 << 20, true, 0, 1, 1, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.size), func(t *testing.T) {
+			before := env.tr.Stats()
+			data := pattern(tt.size)
+			var dest []byte
+			if tt.withDest {
+				dest = make([]byte, tt.size)
+			}
+			if err := env.echo(ctx, data, dest); err != nil {
+				t.Fatal(err)
+			}
+			after := env.tr.Stats()
+			if got := after.InlineCalls - before.InlineCalls; got != tt.inline {
+				t.Errorf("inline calls %d, want %d", got, tt.inline)
+			}
+			if got := after.ReadChunks - before.ReadChunks; got != tt.read {
+				t.Errorf("read chunks %d, want %d", got, tt.read)
+			}
+			if got := after.WriteChunks - before.WriteChunks; got != tt.write {
+				t.Errorf("write chunks %d, want %d", got, tt.write)
+			}
+			if placed := after.BytesPlaced - before.BytesPlaced; tt.size > 0 && tt.wantPlaced != (placed == uint64(tt.size)) {
+				t.Errorf("placed %d bytes", placed)
+			}
+			if got := after.ReplyChunks - before.ReplyChunks; (got == 1) != tt.wantRepl {
+				t.Errorf("reply chunks %d, want %v", got, tt.wantRepl)
+			}
+			// RFC 8166 s8.1: nothing stays exposed after the call.
+			if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
+				t.Fatalf("%d regions with remote access left after the call", n)
+			}
+		})
+	}
+}
+
+func TestResponderPositionZeroReadChunk(t *testing.T) {
+	env := newEnv(t, ResponderConfig{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A call larger than the inline threshold with no DDP-eligible part:
+	// all of it in the Head.
+	data := pattern(10000)
+	var e xdr.Encoder
+	xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
+	e.Opaque(data)
+	rep, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 10200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rep.Release()
+	d := xdr.NewDecoder(rep.Results)
+	if got := d.Opaque(1 << 20); !bytes.Equal(got, data) {
+		t.Fatalf("reply mismatch (%d bytes)", len(got))
+	}
+	st := env.tr.Stats()
+	if st.PosZeroChunks != 1 || st.ReplyChunks != 1 {
+		t.Fatalf("stats %+v: want one Position-Zero Read chunk and one Reply chunk", st)
+	}
+	if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
+		t.Fatalf("%d live regions", n)
+	}
+}
+
+func TestResponderBigReplyChunk(t *testing.T) {
+	env := newEnv(t, ResponderConfig{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range []int{100, 50000} {
+		var e xdr.Encoder
+		xid := env.clnt.StartCall(&e, procBigRepl, oncrpc.AuthNone)
+		e.Uint32(uint32(n))
+		rep, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: n + 200})
+		if err != nil {
+			t.Fatalf("%d: %v", n, err)
+		}
+		d := xdr.NewDecoder(rep.Results)
+		if got := d.Opaque(1 << 20); len(got) != n {
+			t.Fatalf("%d-byte reply came back with %d bytes", n, len(got))
+		}
+		rep.Release()
+	}
+	if st := env.tr.Stats(); st.ReplyChunks != 1 {
+		t.Fatalf("reply chunks %d, want 1 (for the large reply only)", st.ReplyChunks)
+	}
+}
+
+func TestResponderCreditLimit(t *testing.T) {
+	env := newEnv(t, ResponderConfig{Credits: 4, Handler: echoHandler{delay: 2 * time.Millisecond}}, Config{Credits: 128})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	for i := range 128 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := env.echo(ctx, pattern(100+i), nil); err != nil {
+				t.Error(err)
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if m := env.resp.MaxInFlight(); m > 4 || m < 2 {
+		t.Fatalf("responder saw up to %d calls at once with a grant of 4", m)
+	}
+	if st := env.tr.Stats(); st.Credits != 4 {
+		t.Fatalf("requester holds %d credits, want the grant of 4", st.Credits)
+	}
+}
+
+func TestResponderErrChunkFailsOnlyItsCall(t *testing.T) {
+	var bad atomic.Uint32
+	env := newEnv(t, ResponderConfig{Filter: func(xid uint32, call []byte) Action {
+		if xid == bad.Load() {
+			return RejectCall
+		}
+		return Serve
+	}}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := env.echo(ctx, []byte("warm"), nil); err != nil {
+		t.Fatal(err)
+	}
+	var e xdr.Encoder
+	xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
+	bad.Store(xid)
+	e.Opaque([]byte("rejected"))
+	_, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 100})
+	if !errors.Is(err, ErrChunkRejected) {
+		t.Fatalf("err = %v, want ERR_CHUNK", err)
+	}
+	if err := env.echo(ctx, []byte("after"), nil); err != nil {
+		t.Fatalf("call after ERR_CHUNK: %v", err)
+	}
+	if st := env.tr.Stats(); st.Connects != 1 {
+		t.Fatalf("ERR_CHUNK cost a reconnect (%d connects)", st.Connects)
+	}
+}
+
+func TestResponderReconnectDuringReads(t *testing.T) {
+	var calls atomic.Int32
+	env := newEnv(t, ResponderConfig{Handler: echoHandler{delay: time.Millisecond}, Filter: func(uint32, []byte) Action {
+		if calls.Add(1) == 50 {
+			return Disconnect
+		}
+		return Serve
+	}}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			data := pattern(64<<10 + i)
+			if err := env.echo(ctx, data, make([]byte, len(data))); err != nil {
+				t.Errorf("call %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if st := env.tr.Stats(); st.Connects < 2 {
+		t.Fatalf("connects %d: the connection was not remade", st.Connects)
+	}
+	if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
+		t.Fatalf("%d live regions after reconnect", n)
+	}
+}

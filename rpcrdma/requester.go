@@ -1,0 +1,337 @@
+package rpcrdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/mrcache"
+	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// Errors of individual calls.
+var (
+	// ErrVersion: the responder answered ERR_VERS (it does not speak our
+	// RPC-over-RDMA version).
+	ErrVersion = errors.New("rpcrdma: version not supported by peer")
+	// ErrChunkRejected: the responder answered ERR_CHUNK (it could not
+	// use the chunks offered, or the reply did not fit them).
+	ErrChunkRejected = errors.New("rpcrdma: responder rejected the chunks (ERR_CHUNK)")
+)
+
+// Config configures a requester Transport.
+type Config struct {
+	// Provider makes queue pairs (iwarp.Provider{} for the pure-Go
+	// iWARP provider).
+	Provider verbs.Provider
+	// Credits is the number of calls we ask to have in flight; the
+	// responder's grant may be lower. Zero means 128.
+	Credits int
+	// InlineSend and InlineRecv are our inline thresholds, announced
+	// in RFC 8797 private data. Zero means 4096.
+	InlineSend, InlineRecv int
+	// BackchannelSlots is how many backward-direction calls we accept
+	// at once (receive buffers reserved for them). Zero means 4.
+	BackchannelSlots int
+	// AcceptInvalidate tells the responder it may use Send With
+	// Invalidate (RFC 8797 s5.1, RFC 8166 s3.4.6).
+	AcceptInvalidate bool
+	// CRC asks the provider for frame CRCs (iWARP MPA CRC32c).
+	CRC bool
+	// IRD and ORD are the queue pair's read depths; zero means 16.
+	IRD, ORD int
+	// MRCacheBytes caps the memory-registration cache; zero means 256 MiB.
+	MRCacheBytes int64
+	// DialTimeout bounds one connection attempt; zero means 30 s.
+	DialTimeout time.Duration
+	// Tracer receives -v rdma and mr events.
+	Tracer *trace.Tracer
+}
+
+// Transport is an RPC-over-RDMA version 1 requester: an oncrpc.Transport
+// over one reliable connection, redialled after it breaks.
+type Transport struct {
+	cfg  Config
+	addr string
+	pd   *verbs.ProtectionDomain
+	mrc  *mrcache.Cache
+
+	mu     sync.Mutex // guards conn, closed; held while dialing
+	conn   *conn
+	closed bool
+	gens   uint64
+
+	handler atomic.Pointer[oncrpc.CallHandler]
+	stats   transportStats
+	reqPool sync.Pool
+}
+
+// NewTransport returns a requester for the responder at addr
+// ("host:port"). It connects on the first call.
+func NewTransport(addr string, cfg Config) *Transport {
+	if cfg.Credits <= 0 {
+		cfg.Credits = 128
+	}
+	if cfg.InlineSend <= 0 {
+		cfg.InlineSend = 4096
+	}
+	if cfg.InlineRecv <= 0 {
+		cfg.InlineRecv = 4096
+	}
+	if cfg.BackchannelSlots <= 0 {
+		cfg.BackchannelSlots = 4
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 30 * time.Second
+	}
+	pd := verbs.NewProtectionDomain()
+	t := &Transport{cfg: cfg, addr: addr, pd: pd, mrc: mrcache.New(pd, cfg.MRCacheBytes)}
+	t.reqPool.New = func() any { return &req{} }
+	return t
+}
+
+// SetCallHandler registers the handler for backward-direction calls.
+func (t *Transport) SetCallHandler(h oncrpc.CallHandler) { t.handler.Store(&h) }
+
+// PD returns the transport's protection domain (tests check that no
+// region stays exposed after a call: PD().LiveRemoteRegions()).
+func (t *Transport) PD() *verbs.ProtectionDomain { return t.pd }
+
+// Connect makes the connection now instead of on the first call.
+func (t *Transport) Connect(ctx context.Context) error {
+	_, err := t.connection(ctx)
+	return err
+}
+
+func (t *Transport) connection(ctx context.Context) (*conn, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, oncrpc.ErrClosed
+	}
+	if t.conn != nil && !t.conn.isDead() {
+		return t.conn, nil
+	}
+	c, err := t.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t.conn = c
+	t.gens++
+	t.stats.connects.Add(1)
+	return c, nil
+}
+
+// Close ends the connection; calls in flight fail.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	t.closed = true
+	c := t.conn
+	t.conn = nil
+	t.mu.Unlock()
+	if c != nil {
+		c.fail(oncrpc.ErrClosed)
+	}
+	t.mrc.Close()
+	return nil
+}
+
+// Abort breaks the current connection as a network failure would.
+func (t *Transport) Abort() {
+	t.mu.Lock()
+	c := t.conn
+	t.mu.Unlock()
+	if c != nil {
+		c.fail(fmt.Errorf("%w: aborted", oncrpc.ErrConnection))
+	}
+}
+
+// RoundTrip sends call and waits for its reply. Memory exposed for the
+// call is invalidated before RoundTrip returns (RFC 8166 s8.1).
+func (t *Transport) RoundTrip(ctx context.Context, call *oncrpc.Call) (*oncrpc.Reply, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, err := t.connection(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.acquireCredit(ctx); err != nil {
+		return nil, err
+	}
+	r := t.reqPool.Get().(*req)
+	r.tr, r.xid, r.call = t, call.XID, call
+	r.done = make(chan struct{})
+	r.reply, r.err, r.writeOff, r.replySegs = nil, nil, nil, nil
+	r.kinds = [2]chunkKind{chunkInline, chunkInline}
+	if err := c.marshal(r, uint32(t.cfg.Credits)); err != nil {
+		r.invalidate()
+		c.releaseCredit()
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		r.invalidate()
+		return nil, err
+	}
+	if old := c.pending[r.xid]; old != nil {
+		// A retransmission of a call that gave up waiting: the old
+		// call's credit stays in use until this one's reply.
+		c.inflight--
+		old.err = fmt.Errorf("%w: superseded by retransmission", oncrpc.ErrConnection)
+		close(old.done)
+	}
+	c.pending[r.xid] = r
+	c.mu.Unlock()
+	t.traceMarshal(r, c)
+	sent, err := c.postSend(r.sgl)
+	if err != nil {
+		c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
+		<-r.done
+		return nil, r.err
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		// The call stays registered (with its credit) until a reply or
+		// the end of the connection; its memory is invalidated now.
+		c.mu.Lock()
+		if c.pending[r.xid] == r {
+			delete(c.pending, r.xid)
+			// Keep the credit counted: the responder may still answer.
+			c.mu.Unlock()
+			r.invalidate()
+			go c.reclaimCreditLater()
+		} else {
+			c.mu.Unlock()
+			<-r.done
+		}
+		<-sent
+		return nil, ctx.Err()
+	}
+	<-sent // the Send's buffers (the caller's Head/Tail) are free
+	rep, err := r.reply, r.err
+	r.call = nil
+	t.reqPool.Put(r)
+	return rep, err
+}
+
+func (c *conn) releaseCredit() {
+	c.mu.Lock()
+	c.inflight--
+	if c.err == nil {
+		c.wakeLocked()
+	}
+	c.mu.Unlock()
+}
+
+// reclaimCreditLater frees the credit of an abandoned call after a grace
+// period: a late reply would find no call and be dropped.
+func (c *conn) reclaimCreditLater() {
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		c.releaseCredit()
+	case <-c.dead:
+	}
+}
+
+func (t *Transport) tracef(cat trace.Category, format string, args ...any) {
+	if t.cfg.Tracer.On(cat) {
+		t.cfg.Tracer.Printf(cat, format, args...)
+	}
+}
+
+func (t *Transport) traceMarshal(r *req, c *conn) {
+	if !t.cfg.Tracer.On(trace.RDMA) {
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "marshal xid=%#x proc=%d call=%s reply=%s len=%d send=%d",
+		r.xid, r.hdr.Proc, chunkNames[r.kinds[0]], chunkNames[r.kinds[1]], r.call.Len(), sglLen(r.sgl))
+	for _, rs := range r.hdr.Reads {
+		fmt.Fprintf(&b, " read(pos=%d stag=%#x len=%d)", rs.Position, rs.Handle, rs.Length)
+	}
+	for _, w := range r.hdr.Writes {
+		for _, s := range w {
+			fmt.Fprintf(&b, " write(stag=%#x len=%d)", s.Handle, s.Length)
+		}
+	}
+	for _, s := range r.hdr.Reply {
+		fmt.Fprintf(&b, " replychunk(stag=%#x len=%d)", s.Handle, s.Length)
+	}
+	t.cfg.Tracer.Printf(trace.RDMA, "%s", b.String())
+}
+
+// transportStats are the requester's counters.
+type transportStats struct {
+	chunks   [numChunkKinds]atomic.Uint64
+	placed   atomic.Uint64
+	dropped  atomic.Uint64
+	backward atomic.Uint64
+	connects atomic.Uint64
+	replies  atomic.Uint64
+}
+
+func (s *transportStats) countChunks(kinds [2]chunkKind, placed int) {
+	s.replies.Add(1)
+	s.chunks[kinds[0]].Add(1)
+	if kinds[1] != chunkInline {
+		s.chunks[kinds[1]].Add(1)
+	}
+	s.placed.Add(uint64(placed))
+}
+
+// Stats is a snapshot of a requester's counters.
+type Stats struct {
+	Version                int
+	InlineSend, InlineRecv int // current thresholds: our largest Send, our receive buffers
+	Credits                int // granted by the responder now
+	Connects               uint64
+	Replies                uint64
+	InlineCalls            uint64 // calls sent whole in one Send
+	ReadChunks             uint64 // calls with a Read chunk for their bulk data
+	PosZeroChunks          uint64 // calls sent as a Position-Zero Read chunk
+	WriteChunks            uint64 // replies whose bulk data came by a Write chunk
+	ReplyChunks            uint64 // replies offered a Reply chunk (and no Write chunk)
+	BytesPlaced            uint64 // bytes the responder RDMA-wrote into Write chunks
+	Dropped                uint64 // malformed or unmatched messages dropped
+	BackwardCalls          uint64
+	MR                     mrcache.Stats
+}
+
+// Stats returns the requester's counters.
+func (t *Transport) Stats() Stats {
+	s := Stats{
+		Version:       Version1,
+		Connects:      t.stats.connects.Load(),
+		Replies:       t.stats.replies.Load(),
+		InlineCalls:   t.stats.chunks[chunkInline].Load(),
+		ReadChunks:    t.stats.chunks[chunkRead].Load(),
+		PosZeroChunks: t.stats.chunks[chunkPosZero].Load(),
+		WriteChunks:   t.stats.chunks[chunkWrite].Load(),
+		ReplyChunks:   t.stats.chunks[chunkReply].Load(),
+		BytesPlaced:   t.stats.placed.Load(),
+		Dropped:       t.stats.dropped.Load(),
+		BackwardCalls: t.stats.backward.Load(),
+		MR:            t.mrc.Stats(),
+	}
+	t.mu.Lock()
+	if c := t.conn; c != nil {
+		s.InlineSend, s.InlineRecv = c.sendSize, c.recvSize
+		c.mu.Lock()
+		s.Credits = c.granted
+		c.mu.Unlock()
+	}
+	t.mu.Unlock()
+	return s
+}

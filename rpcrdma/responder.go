@@ -1,0 +1,484 @@
+package rpcrdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// Action is what a responder's Filter decides for one call.
+type Action int
+
+// Filter actions, for fault injection in tests.
+const (
+	Serve      Action = iota // handle the call normally
+	RejectCall               // answer RDMA_ERROR / ERR_CHUNK
+	DropCall                 // never answer
+	Disconnect               // break the connection
+)
+
+// ResponderConfig configures a Responder.
+type ResponderConfig struct {
+	// Provider makes the listener (iwarp.Provider for iWARP).
+	Provider verbs.Provider
+	// Handler serves each RPC call (the whole call message, chunks
+	// already pulled in) and returns the whole reply message.
+	Handler oncrpc.CallHandler
+	// Credits is the grant sent in every reply. Zero means 32.
+	Credits int
+	// InlineSend and InlineRecv are our inline thresholds. Zero means
+	// 4096.
+	InlineSend, InlineRecv int
+	// ReplyBulk is the upper-layer binding for replies (RFC 8166 s6): it
+	// returns the offset and length of the DDP-eligible data in a reply
+	// (the bytes after the opaque's length word), if there is one. Only
+	// with it can a Write chunk be filled.
+	ReplyBulk func(reply []byte) (off, n int, ok bool)
+	// RemoteInvalidate lets the responder use Send With Invalidate when
+	// the requester accepts it and the call exposed exactly one STag.
+	RemoteInvalidate bool
+	// Filter, if set, sees each call and may inject a fault.
+	Filter func(xid uint32, call []byte) Action
+	// Tracer receives -v rdma events.
+	Tracer *trace.Tracer
+}
+
+// Responder is the server side of RPC-over-RDMA: it accepts connections,
+// pulls in Read chunks, calls the handler, and returns replies inline or
+// through Write and Reply chunks. It serves as the version-1 peer in tests
+// and can relay to an NFS server over TCP.
+type Responder struct {
+	cfg ResponderConfig
+	ln  verbs.Listener
+	pd  *verbs.ProtectionDomain
+
+	mu    sync.Mutex
+	conns map[*serverConn]struct{}
+	wg    sync.WaitGroup
+
+	// Calls counts calls handled; MaxInFlight is the most calls that were
+	// ever between arrival and reply on one connection.
+	calls       atomic.Uint64
+	maxInFlight atomic.Int64
+}
+
+// Listen starts a responder on addr ("127.0.0.1:0" for a free port).
+func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
+	if cfg.Credits <= 0 {
+		cfg.Credits = 32
+	}
+	if cfg.InlineSend <= 0 {
+		cfg.InlineSend = 4096
+	}
+	if cfg.InlineRecv <= 0 {
+		cfg.InlineRecv = 4096
+	}
+	s := &Responder{cfg: cfg, pd: verbs.NewProtectionDomain(), conns: make(map[*serverConn]struct{})}
+	ours := PrivateData{Version: privDataVersion, RemoteInvalidate: false, InlineSend: cfg.InlineSend, InlineRecv: cfg.InlineRecv}
+	ln, err := cfg.Provider.Listen(addr, &verbs.ConnParams{PD: s.pd, PrivateData: ours.Marshal()})
+	if err != nil {
+		return nil, fmt.Errorf("rpcrdma: listen %s: %w", addr, err)
+	}
+	s.ln = ln
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// Addr returns the listening address.
+func (s *Responder) Addr() string { return s.ln.Addr().String() }
+
+// Calls returns the number of calls handled.
+func (s *Responder) Calls() uint64 { return s.calls.Load() }
+
+// MaxInFlight returns the most calls a connection had in progress at once.
+func (s *Responder) MaxInFlight() int64 { return s.maxInFlight.Load() }
+
+// Close stops listening and closes every connection.
+func (s *Responder) Close() error {
+	err := s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.qp.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+// DropConnections breaks every connection, as a network failure would.
+func (s *Responder) DropConnections() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.qp.Close()
+	}
+}
+
+func (s *Responder) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		qp, err := s.ln.Accept(context.Background())
+		if err != nil {
+			return
+		}
+		peer, _, err := ParsePrivateData(qp.PeerPrivateData())
+		if err != nil {
+			qp.Close()
+			continue
+		}
+		c := &serverConn{s: s, qp: qp, sendSize: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			c.serve()
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// serverConn is one accepted connection.
+type serverConn struct {
+	s        *Responder
+	qp       verbs.QueuePair
+	sendSize int
+	peerInv  bool
+
+	inFlight atomic.Int64
+	sendMu   sync.Mutex // orders a reply's RDMA Writes before its Send
+	wr       atomic.Uint64
+	reads    sync.Map // wrid -> chan verbs.Completion
+}
+
+func (c *serverConn) tracef(format string, args ...any) {
+	if c.s.cfg.Tracer.On(trace.RDMA) {
+		c.s.cfg.Tracer.Printf(trace.RDMA, "responder: "+format, args...)
+	}
+}
+
+func (c *serverConn) serve() {
+	defer c.qp.Close()
+	size := c.s.cfg.InlineRecv
+	bufs := make([][]byte, c.s.cfg.Credits+4)
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+		if c.qp.PostRecv(uint64(i), bufs[i]) != nil {
+			return
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.sendLoop(ctx)
+	var wc [16]verbs.Completion
+	for {
+		n, err := c.qp.RecvCQ().Poll(ctx, wc[:])
+		if err != nil {
+			return
+		}
+		for _, w := range wc[:n] {
+			if w.Status != verbs.StatusSuccess {
+				return
+			}
+			msg := append([]byte(nil), bufs[w.WRID][:w.ByteLen]...)
+			if c.qp.PostRecv(w.WRID, bufs[w.WRID]) != nil {
+				return
+			}
+			go c.handle(msg)
+		}
+	}
+}
+
+// sendLoop routes RDMA Read completions to their waiters.
+func (c *serverConn) sendLoop(ctx context.Context) {
+	var wc [16]verbs.Completion
+	for {
+		n, err := c.qp.SendCQ().Poll(ctx, wc[:])
+		if err != nil {
+			return
+		}
+		for _, w := range wc[:n] {
+			if ch, ok := c.reads.LoadAndDelete(w.WRID); ok {
+				ch.(chan verbs.Completion) <- w
+			}
+		}
+	}
+}
+
+// handle serves one call message.
+func (c *serverConn) handle(msg []byte) {
+	var h Header
+	hlen, err := h.Decode(msg, false)
+	if err != nil {
+		c.tracef("drop: %v", err)
+		return
+	}
+	if h.Vers != Version1 {
+		// RFC 8166 s5.1: answer ERR_VERS with the range we support.
+		c.sendError(&h, ErrVers)
+		return
+	}
+	if h.Proc != ProcMsg && h.Proc != ProcNoMsg {
+		c.tracef("drop: xid=%#x procedure %d in a call", h.XID, h.Proc)
+		return
+	}
+	if mt, ok := oncrpc.MessageType(msg[hlen:]); ok && mt == oncrpc.MsgReply && h.Proc == ProcMsg {
+		return // a reply to a backward call; this responder makes none
+	}
+	depth := c.inFlight.Add(1)
+	defer c.inFlight.Add(-1)
+	for {
+		m := c.s.maxInFlight.Load()
+		if depth <= m || c.s.maxInFlight.CompareAndSwap(m, depth) {
+			break
+		}
+	}
+	call, err := c.pullReadChunks(&h, msg[hlen:])
+	if err != nil {
+		c.tracef("xid=%#x: %v", h.XID, err)
+		c.sendError(&h, ErrChunk)
+		return
+	}
+	if f := c.s.cfg.Filter; f != nil {
+		switch f(h.XID, call) {
+		case RejectCall:
+			c.sendError(&h, ErrChunk)
+			return
+		case DropCall:
+			return
+		case Disconnect:
+			c.qp.Close()
+			return
+		}
+	}
+	c.s.calls.Add(1)
+	reply := c.s.cfg.Handler.HandleCall(call)
+	if reply == nil {
+		return
+	}
+	if err := c.sendReply(&h, reply); err != nil {
+		c.tracef("xid=%#x: reply: %v", h.XID, err)
+		if errors.Is(err, ErrChunkRejected) {
+			c.sendError(&h, ErrChunk)
+		}
+	}
+}
+
+// pullReadChunks rebuilds the whole call: RDMA-Reads each Read chunk and
+// puts its data (and the XDR padding the requester left out, RFC 8166
+// s3.4.5) at its position in the payload stream.
+func (c *serverConn) pullReadChunks(h *Header, inline []byte) ([]byte, error) {
+	if len(h.Reads) == 0 {
+		if h.Proc == ProcNoMsg {
+			return nil, errors.New("RDMA_NOMSG without a Read chunk")
+		}
+		return inline, nil
+	}
+	if h.Proc == ProcNoMsg {
+		for _, r := range h.Reads {
+			if r.Position != 0 {
+				return nil, fmt.Errorf("RDMA_NOMSG with a Read chunk at position %d", r.Position)
+			}
+		}
+		return c.rdmaRead(h.Reads)
+	}
+	pos := h.Reads[0].Position
+	for _, r := range h.Reads {
+		if r.Position != pos {
+			return nil, errors.New("more than one Read chunk")
+		}
+	}
+	if pos%4 != 0 || int(pos) > len(inline) {
+		// RFC 8166 s3.4.5: positions are multiples of four inside the
+		// payload stream.
+		return nil, fmt.Errorf("bad Read chunk position %d (payload %d bytes)", pos, len(inline))
+	}
+	data, err := c.rdmaRead(h.Reads)
+	if err != nil {
+		return nil, err
+	}
+	call := make([]byte, 0, len(inline)+len(data)+3)
+	call = append(call, inline[:pos]...)
+	call = append(call, data...)
+	call = append(call, zeroPad[:xdr.Pad(len(data))]...)
+	return append(call, inline[pos:]...), nil
+}
+
+const maxChunkBytes = 64 << 20
+
+func (c *serverConn) rdmaRead(segs []ReadSegment) ([]byte, error) {
+	total := 0
+	for _, s := range segs {
+		total += int(s.Length)
+	}
+	if total > maxChunkBytes {
+		return nil, fmt.Errorf("Read chunk of %d bytes", total)
+	}
+	buf := make([]byte, total)
+	if total == 0 {
+		return buf, nil
+	}
+	mr, err := c.s.pd.RegisterMemory(buf, verbs.AccessLocalWrite)
+	if err != nil {
+		return nil, err
+	}
+	defer mr.Deregister()
+	off := 0
+	var waits []chan verbs.Completion
+	for _, s := range segs {
+		wr := c.wr.Add(1) | 1<<63
+		ch := make(chan verbs.Completion, 1)
+		c.reads.Store(wr, ch)
+		waits = append(waits, ch)
+		err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpRDMARead, RemoteSTag: s.Handle,
+			RemoteOffset: s.Offset, LocalMR: mr, LocalOffset: uint64(off), Length: s.Length})
+		if err != nil {
+			return nil, fmt.Errorf("RDMA Read: %w", err)
+		}
+		off += int(s.Length)
+	}
+	for _, ch := range waits {
+		select {
+		case w := <-ch:
+			if w.Status != verbs.StatusSuccess {
+				return nil, fmt.Errorf("RDMA Read: %v", w.Status)
+			}
+		case <-c.qp.Done():
+			return nil, fmt.Errorf("RDMA Read: %w", c.qp.Err())
+		}
+	}
+	return buf, nil
+}
+
+// sendReply returns reply through the chunks the call offered (RFC 8166
+// s3.5): the DDP-eligible result into the first Write chunk, then inline
+// if the rest fits, else into the Reply chunk as RDMA_NOMSG.
+func (c *serverConn) sendReply(call *Header, reply []byte) error {
+	out := Header{XID: call.XID, Vers: Version1, Credit: uint32(c.s.cfg.Credits), Proc: ProcMsg}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if len(call.Writes) > 0 {
+		chunk := call.Writes[0]
+		ret := make([]Segment, len(chunk))
+		copy(ret, chunk)
+		for i := range ret {
+			ret[i].Length = 0 // RFC 8166 s4.3.2: unused chunks return lengths of zero
+		}
+		if f := c.s.cfg.ReplyBulk; f != nil {
+			if off, n, ok := f(reply); ok && off >= 0 && off+n <= len(reply) {
+				if n > chunkLen(chunk) {
+					return fmt.Errorf("%w: %d-byte result for a %d-byte Write chunk", ErrChunkRejected, n, chunkLen(chunk))
+				}
+				if err := c.rdmaWrite(chunk, reply[off:off+n], ret); err != nil {
+					return err
+				}
+				// The data and its pad leave the payload; the length
+				// word stays (RFC 8166 s3.4.4).
+				reduced := make([]byte, 0, len(reply)-n)
+				reduced = append(reduced, reply[:off]...)
+				reply = append(reduced, reply[min(off+xdr.RoundUp(n), len(reply)):]...)
+			}
+		}
+		out.Writes = [][]Segment{ret}
+		for _, w := range call.Writes[1:] {
+			unused := make([]Segment, len(w))
+			copy(unused, w)
+			for i := range unused {
+				unused[i].Length = 0
+			}
+			out.Writes = append(out.Writes, unused)
+		}
+	}
+	var e xdr.Encoder
+	out.Append(&e)
+	if e.Len()+len(reply) > c.sendSize {
+		if call.Reply == nil {
+			return fmt.Errorf("%w: %d-byte reply does not fit inline and no Reply chunk", ErrChunkRejected, len(reply))
+		}
+		if len(reply) > chunkLen(call.Reply) {
+			return fmt.Errorf("%w: %d-byte reply for a %d-byte Reply chunk", ErrChunkRejected, len(reply), chunkLen(call.Reply))
+		}
+		ret := make([]Segment, len(call.Reply))
+		copy(ret, call.Reply)
+		if err := c.rdmaWrite(call.Reply, reply, ret); err != nil {
+			return err
+		}
+		out.Proc = ProcNoMsg
+		out.Reply = ret
+		reply = nil
+		e.Reset(nil)
+		out.Append(&e)
+	}
+	wr := verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpSend, SGL: [][]byte{e.Bytes(), reply}}
+	if stag, ok := c.singleSTag(call); ok && c.s.cfg.RemoteInvalidate && c.peerInv {
+		wr.Opcode, wr.InvalidateSTag = verbs.OpSendWithInvalidate, stag
+	}
+	c.tracef("reply xid=%#x proc=%d inline=%d writes=%v reply=%v", call.XID, out.Proc, len(reply), out.Writes, out.Reply)
+	return c.qp.PostSend(wr)
+}
+
+// singleSTag returns the one STag the call exposed for the reply, if it
+// exposed exactly one (the condition knfsd uses for Send With Invalidate).
+func (c *serverConn) singleSTag(h *Header) (uint32, bool) {
+	var stag uint32
+	n := 0
+	add := func(s uint32) {
+		if n == 0 || s != stag {
+			stag = s
+			n++
+		}
+	}
+	for _, w := range h.Writes {
+		for _, s := range w {
+			add(s.Handle)
+		}
+	}
+	for _, s := range h.Reply {
+		add(s.Handle)
+	}
+	return stag, n == 1
+}
+
+// rdmaWrite writes data across chunk's segments in order and records the
+// lengths used in ret.
+func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment) error {
+	for i, s := range chunk {
+		if len(data) == 0 {
+			ret[i].Length = 0
+			continue
+		}
+		n := min(int(s.Length), len(data))
+		err := c.qp.PostSend(verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpRDMAWrite,
+			SGL: [][]byte{data[:n]}, RemoteSTag: s.Handle, RemoteOffset: s.Offset})
+		if err != nil {
+			return fmt.Errorf("RDMA Write: %w", err)
+		}
+		ret[i].Length = uint32(n)
+		data = data[n:]
+	}
+	return nil
+}
+
+func (c *serverConn) sendError(call *Header, code uint32) {
+	out := Header{XID: call.XID, Vers: Version1, Credit: uint32(c.s.cfg.Credits), Proc: ProcError, ErrCode: code,
+		VersLow: Version1, VersHigh: Version1}
+	if code == ErrVers {
+		out.Vers = call.Vers // RFC 8166 s5.1: ERR_VERS echoes the call's version
+	}
+	var e xdr.Encoder
+	out.Append(&e)
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	c.qp.PostSend(verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpSend, SGL: [][]byte{e.Bytes()}})
+}
