@@ -290,6 +290,13 @@ func (s *callbackServer) returnAll(ctx context.Context) {
 	}
 }
 
+// Delegations returns how many delegations the client holds.
+func (c *Client) Delegations() int {
+	c.cb.mu.Lock()
+	defer c.cb.mu.Unlock()
+	return len(c.cb.delegs)
+}
+
 // Recalls returns how many CB_RECALLs the client has served.
 func (c *Client) Recalls() int {
 	c.cb.mu.Lock()

@@ -56,6 +56,10 @@ type Config struct {
 	MaxRequests int
 	// NoBackChannel skips asking for a back channel (no callbacks).
 	NoBackChannel bool
+	// Delegations lets the server hand out delegations on OPEN (they
+	// are recorded and returned on recall, not used for caching). By
+	// default OPEN asks for none (OPEN4_SHARE_ACCESS_WANT_NO_DELEG).
+	Delegations bool
 	// Tracer receives NFS trace events; nil traces nothing.
 	Tracer *trace.Tracer
 }

@@ -451,3 +451,149 @@ func TestNonexistentExport(t *testing.T) {
 		t.Fatalf("dial of missing export: %v, want ENOENT", err)
 	}
 }
+
+// TestKnfsdRDMAChunks checks, from the transport's counters, that data
+// moves by RDMA against knfsd: Read chunks for WRITE data, Write chunks
+// for READ data, a Reply chunk for a large READDIR; and that no memory
+// stays exposed to the server after any call (RFC 8166 s8.1).
+func TestKnfsdRDMAChunks(t *testing.T) {
+	k := testpeer.RequireKnfsd(t)
+	p := peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", knfsd: k, rdma: true}
+	tr := rpcrdma.NewTransport(p.addr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true, Tracer: testTracer()})
+	ctx := testCtx(t)
+	c, err := Dial(ctx, Config{Transport: tr, Export: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	live := func(what string) {
+		t.Helper()
+		if n := tr.PD().LiveRemoteRegions(); n != 0 {
+			t.Fatalf("after %s: %d memory regions still exposed to the server", what, n)
+		}
+	}
+	dir := testDir(t, c)
+	of, err := c.Open(ctx, rootCred, dir, "data", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := tr.Stats()
+	data := pattern(1<<20, 5)
+	if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, data[:c.WSize()], FileSync); err != nil {
+		t.Fatal(err)
+	}
+	live("WRITE")
+	st := tr.Stats()
+	if st.ReadChunks != before.ReadChunks+1 {
+		t.Fatalf("WRITE of %d bytes used %d Read chunks", c.WSize(), st.ReadChunks-before.ReadChunks)
+	}
+	dest := make([]byte, c.WSize())
+	n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 0, dest)
+	if err != nil || n != len(dest) || !bytes.Equal(dest, data[:n]) {
+		t.Fatalf("READ: n=%d err=%v (data equal: %v)", n, err, bytes.Equal(dest[:n], data[:n]))
+	}
+	live("READ")
+	st2 := tr.Stats()
+	if st2.WriteChunks != st.WriteChunks+1 || st2.BytesPlaced-st.BytesPlaced != uint64(n) {
+		t.Fatalf("READ: %d Write chunks, %d bytes placed", st2.WriteChunks-st.WriteChunks, st2.BytesPlaced-st.BytesPlaced)
+	}
+	// A READ of 1001 bytes: the Write chunk has no room for padding and
+	// knfsd writes exactly 1001 (RFC 8166 s3.4.6).
+	small := make([]byte, 1001)
+	if n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 3, small); err != nil || n != 1001 || !bytes.Equal(small, data[3:1004]) {
+		t.Fatalf("1001-byte READ: n=%d err=%v", n, err)
+	}
+	live("small READ")
+	// The same destination again (go-fuse reuses its buffers): the
+	// registration cache finds the region and gives it a new key.
+	hits := tr.Stats().MR.Hits
+	if _, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 0, dest); err != nil {
+		t.Fatal(err)
+	}
+	live("second READ")
+	if tr.Stats().MR.Hits != hits+1 {
+		t.Fatalf("re-reading into the same buffer missed the registration cache: %+v", tr.Stats().MR)
+	}
+	if err := c.CloseFile(ctx, rootCred, of); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		if _, _, err := c.Mkdir(ctx, rootCred, dir, fmt.Sprintf("a-rather-long-directory-name-%03d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st3 := tr.Stats()
+	ents, err := c.ReadDirAll(ctx, rootCred, dir)
+	if err != nil || len(ents) != 201 {
+		t.Fatalf("READDIR: %d entries, %v", len(ents), err)
+	}
+	live("READDIR")
+	if st4 := tr.Stats(); st4.ReplyChunks <= st3.ReplyChunks {
+		t.Fatal("large READDIR used no Reply chunk")
+	}
+}
+
+// TestKnfsdDelegationRecall drives the callback path end to end: client A
+// holds a read delegation, client B opens the file for writing, knfsd
+// sends CB_RECALL to A over A's back channel (over RPC-over-RDMA for the
+// rdma variant: RFC 8167), A returns the delegation, and B's OPEN
+// completes.
+func TestKnfsdDelegationRecall(t *testing.T) {
+	k := testpeer.RequireKnfsd(t)
+	for _, rdma := range []bool{false, true} {
+		name := map[bool]string{false: "tcp", true: "rdma"}[rdma]
+		t.Run(name, func(t *testing.T) {
+			pa := peer{name: "knfsd-" + name, addr: k.TCPAddr, export: "/", knfsd: k}
+			if rdma {
+				pa.addr, pa.rdma = k.RDMAAddr, true
+			}
+			ctx := testCtx(t)
+			a, err := Dial(ctx, Config{Transport: pa.transport(oncrpc.TCPOptions{}), Export: "/", Delegations: true, Tracer: testTracer()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close(context.Background())
+			b := dial(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/"}, oncrpc.TCPOptions{})
+			dir := testDir(t, a)
+			of, err := a.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.CloseFile(ctx, rootCred, of); err != nil {
+				t.Fatal(err)
+			}
+			// knfsd hands out a read delegation once the callback path
+			// has been probed; try a few opens.
+			var ro *OpenFile
+			for i := 0; i < 20 && a.Delegations() == 0; i++ {
+				if ro != nil {
+					a.CloseFile(ctx, rootCred, ro)
+				}
+				if ro, err = a.OpenFH(ctx, rootCred, of.FH, ShareAccessRead, ShareDenyNone); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if a.Delegations() == 0 {
+				t.Fatal("knfsd granted no read delegation (callback path down?)")
+			}
+			bo, err := b.OpenFH(ctx, rootCred, of.FH, ShareAccessWrite, ShareDenyNone)
+			if err != nil {
+				t.Fatalf("conflicting open: %v", err)
+			}
+			b.CloseFile(ctx, rootCred, bo)
+			if a.Recalls() == 0 {
+				t.Fatal("no CB_RECALL reached the delegation holder")
+			}
+			for i := 0; i < 50 && a.Delegations() != 0; i++ {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if a.Delegations() != 0 {
+				t.Fatal("recalled delegation was not returned")
+			}
+			if ro != nil {
+				a.CloseFile(ctx, rootCred, ro)
+			}
+		})
+	}
+}

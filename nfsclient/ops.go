@@ -153,7 +153,11 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
 		cp.op(opOpen)
 		cp.e.Uint32(0) // seqid, ignored in 4.1
-		cp.e.Uint32(args.Access | shareAccessWantNoDeleg)
+		access := args.Access
+		if !c.cfg.Delegations {
+			access |= shareAccessWantNoDeleg
+		}
+		cp.e.Uint32(access)
 		cp.e.Uint32(args.Deny)
 		cp.e.Uint64(c.clientID)
 		cp.e.Opaque(owner[:])

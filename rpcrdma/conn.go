@@ -22,8 +22,8 @@ type conn struct {
 	qp  verbs.QueuePair
 	mrc *mrcache.Cache
 
-	sendSize     int  // the peer's inline receive size: our largest Send
-	recvSize     int  // our receive buffers: the peer's largest Send
+	sendSize      int  // the peer's inline receive size: our largest Send
+	recvSize      int  // our receive buffers: the peer's largest Send
 	peerInvalidOK bool // the peer accepts Send With Invalidate (unused by a requester)
 
 	recvBufs [][]byte

@@ -14,11 +14,11 @@ import (
 type chunkKind int
 
 const (
-	chunkInline chunkKind = iota // the whole call was Sent
-	chunkRead                    // a Read chunk carried the DDP-eligible argument
-	chunkPosZero                 // a Position-Zero Read chunk carried the whole call
-	chunkWrite                   // a Write chunk was offered for the DDP-eligible result
-	chunkReply                   // a Reply chunk was offered for the whole reply
+	chunkInline  chunkKind = iota // the whole call was Sent
+	chunkRead                     // a Read chunk carried the DDP-eligible argument
+	chunkPosZero                  // a Position-Zero Read chunk carried the whole call
+	chunkWrite                    // a Write chunk was offered for the DDP-eligible result
+	chunkReply                    // a Reply chunk was offered for the whole reply
 	numChunkKinds
 )
 
