@@ -22,15 +22,17 @@ type conn struct {
 	qp  verbs.QueuePair
 	mrc *mrcache.Cache
 
-	sendSize      int  // the peer's inline receive size: our largest Send
-	recvSize      int  // our receive buffers: the peer's largest Send
-	peerInvalidOK bool // the peer accepts Send With Invalidate (unused by a requester)
+	recvSize int // our receive buffers: the peer's largest Send
+	// privSendSize is the peer's inline receive size from RFC 8797
+	// private data: the version-1 send threshold.
+	privSendSize int
 
 	recvBufs [][]byte
 	ctx      context.Context
 	cancel   context.CancelFunc
 
 	mu       sync.Mutex
+	neg      negotiation // version and characteristics; guarded by mu
 	pending  map[uint32]*req
 	granted  int // credits the responder granted; 1 until the first reply
 	inflight int
@@ -58,18 +60,18 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 		return nil, fmt.Errorf("rdma connect %s: %w", t.addr, err)
 	}
 	c := &conn{
-		t:        t,
-		qp:       qp,
-		mrc:      t.mrc,
-		sendSize: min(peer.InlineRecv, t.cfg.InlineSend),
-		recvSize: t.cfg.InlineRecv,
-		pending:  make(map[uint32]*req),
-		granted:  1, // RFC 8166 s3.3.3: one credit until the first reply
-		wake:     make(chan struct{}),
-		sends:    make(map[uint64]chan struct{}),
-		dead:     make(chan struct{}),
+		t:            t,
+		qp:           qp,
+		mrc:          t.mrc,
+		recvSize:     t.cfg.InlineRecv,
+		privSendSize: min(peer.InlineRecv, t.cfg.InlineSend),
+		pending:      make(map[uint32]*req),
+		granted:      1, // RFC 8166 s3.3.3: one credit until the first reply
+		wake:         make(chan struct{}),
+		sends:        make(map[uint64]chan struct{}),
+		dead:         make(chan struct{}),
 	}
-	c.peerInvalidOK = peer.RemoteInvalidate
+	c.neg = t.startNegotiation(c.privSendSize)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	// Post a receive for every credit we may be granted plus the
 	// backward direction's calls (RFC 8167 s4.1) before the first Send.
@@ -83,8 +85,8 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 			return nil, fmt.Errorf("rpcrdma: post receive: %w", err)
 		}
 	}
-	t.tracef(trace.RDMA, "connect %s: peer private data found=%v send=%d recv=%d inv=%v; ours send=%d recv=%d credits=%d crc=%v",
-		t.addr, found, peer.InlineSend, peer.InlineRecv, peer.RemoteInvalidate, c.sendSize, c.recvSize, t.cfg.Credits, qp.CRC())
+	t.tracef(trace.RDMA, "connect %s: peer private data found=%v send=%d recv=%d inv=%v; ours send=%d recv=%d credits=%d crc=%v version=%s",
+		t.addr, found, peer.InlineSend, peer.InlineRecv, peer.RemoteInvalidate, c.neg.sendSize, c.recvSize, t.cfg.Credits, qp.CRC(), c.neg.state())
 	go c.recvLoop()
 	go c.sendLoop()
 	go func() {
@@ -120,7 +122,11 @@ func (c *conn) fail(err error) {
 	c.pending = nil
 	close(c.dead)
 	close(c.wake)
+	v1Only := c.neg.lostDuringNegotiation()
 	c.mu.Unlock()
+	if v1Only {
+		c.t.markV1Only()
+	}
 	c.t.tracef(trace.RDMA, "connection %s lost: %v (%d calls failed)", c.t.addr, err, len(pending))
 	for _, r := range pending {
 		r.invalidate()
@@ -207,7 +213,7 @@ func (c *conn) sendLoop() {
 				close(ch)
 			}
 			if w.Status != verbs.StatusSuccess {
-				c.fail(fmt.Errorf("%w: send completion %v", oncrpc.ErrConnection, w.Status))
+				c.fail(fmt.Errorf("%w: send completion %v (%v)", oncrpc.ErrConnection, w.Status, c.qp.Err()))
 			}
 		}
 	}
@@ -222,7 +228,7 @@ func (c *conn) recvLoop() {
 		}
 		for _, w := range wc[:n] {
 			if w.Status != verbs.StatusSuccess {
-				c.fail(fmt.Errorf("%w: receive completion %v", oncrpc.ErrConnection, w.Status))
+				c.fail(fmt.Errorf("%w: receive completion %v (%v)", oncrpc.ErrConnection, w.Status, c.qp.Err()))
 				continue
 			}
 			if w.WRID >= uint64(len(c.recvBufs)) {
@@ -245,7 +251,7 @@ func (c *conn) recvLoop() {
 // copies what it keeps, so the buffer can be posted again at once.
 func (c *conn) receive(msg []byte, invalidated uint32) {
 	var h Header
-	hlen, err := h.Decode(msg, false)
+	hlen, err := h.Decode(msg, true)
 	if err != nil {
 		// RFC 8166 s4.5: a malformed message is dropped; the call it
 		// answers will time out and be retransmitted.
@@ -254,30 +260,64 @@ func (c *conn) receive(msg []byte, invalidated uint32) {
 		return
 	}
 	payload := msg[hlen:]
-	if h.Proc == ProcMsg && h.Vers == Version1 && len(h.Reads) == 0 && len(h.Writes) == 0 && h.Reply == nil {
+	if h.Proc == ProcOptional {
+		c.receiveOptional(&h)
+		return
+	}
+	if h.Proc == ProcMsg && len(h.Reads) == 0 && len(h.Writes) == 0 && h.Reply == nil {
 		if mt, ok := oncrpc.MessageType(payload); ok && mt == oncrpc.MsgCall {
 			c.backwardCall(h.XID, append([]byte(nil), payload...))
 			return
 		}
 	}
 	c.mu.Lock()
+	if c.optionalErrorLocked(&h) {
+		c.mu.Unlock()
+		return
+	}
 	r := c.pending[h.XID]
-	if r != nil {
+	verdict := c.neg.reply(&h, r != nil && r.probe)
+	if r != nil && verdict != dropReply {
 		delete(c.pending, h.XID)
 		c.inflight--
+		// One-way RDMA_OPTIONALs we sent held a credit until the
+		// peer's next reply (A-V2-4).
+		c.inflight -= c.neg.optHeld
+		c.neg.optHeld = 0
 	}
-	// RFC 8166 s3.3.1: every reply carries the current grant.
-	if h.Proc != ProcError || h.ErrCode != ErrVers {
+	// RFC 8166 s3.3.1: every reply carries the current grant; an
+	// RDMA_ERROR does not (v2 s5, A-V1-4).
+	if h.Proc != ProcError && verdict != dropReply {
 		c.granted = max(1, min(int(h.Credit), c.t.cfg.Credits))
 	}
 	if c.err == nil {
 		c.wakeLocked()
 	}
 	c.mu.Unlock()
-	if r == nil {
+	if r == nil || verdict == dropReply {
 		c.t.stats.dropped.Add(1)
-		c.t.tracef(trace.RDMA, "drop: reply xid=%#x matches no call", h.XID)
+		c.t.tracef(trace.RDMA, "drop: reply xid=%#x vers=%d proc=%d (call found: %v)", h.XID, h.Vers, h.Proc, r != nil)
 		return
+	}
+	switch verdict {
+	case resendV1:
+		// RFC 8166 s5 / v2 s5.2: the probe reached a version-1 peer;
+		// send the same call again as version 1 (A-V2-3).
+		c.t.stats.fallbacks.Add(1)
+		c.t.tracef(trace.RDMA, "negotiate xid=%#x: ERR_VERS %d..%d: falling back to version 1 on this connection", h.XID, h.VersLow, h.VersHigh)
+		r.invalidate()
+		r.resend = true
+		close(r.done)
+		return
+	case versionMismatch:
+		r.invalidate()
+		r.err = fmt.Errorf("rpcrdma: %s supports RPC-over-RDMA versions %d..%d only: %w", c.t.addr, h.VersLow, h.VersHigh, ErrVersion)
+		close(r.done)
+		go c.fail(r.err)
+		return
+	case confirmedV2:
+		c.t.tracef(trace.RDMA, "negotiate xid=%#x: version 2 confirmed", h.XID)
+		c.sendInitXch()
 	}
 	rep, err := r.parseReply(&h, payload, invalidated)
 	r.invalidate()
@@ -305,11 +345,13 @@ func (c *conn) backwardCall(xid uint32, msg []byte) {
 			return
 		}
 		var e xdr.Encoder
-		hdr := Header{XID: xid, Vers: Version1, Credit: uint32(c.t.cfg.BackchannelSlots), Proc: ProcMsg}
+		vers, sendSize := c.params()
+		hdr := Header{XID: xid, Vers: vers, Credit: uint32(c.t.cfg.BackchannelSlots), Proc: ProcMsg}
 		hdr.Append(&e)
-		if e.Len()+len(reply) > c.sendSize {
-			// RFC 8167 s4.2: backward messages are inline only.
-			c.t.tracef(trace.RDMA, "backward reply xid=%#x: %d bytes exceed the %d-byte inline threshold; dropped", xid, len(reply), c.sendSize)
+		if e.Len()+len(reply) > sendSize {
+			// RFC 8167 s4.2: backward messages are inline only; on v2
+			// the limit is the peer's XCHAR_RBSIZ.
+			c.t.tracef(trace.RDMA, "backward reply xid=%#x: %d bytes exceed the %d-byte inline threshold; dropped", xid, len(reply), sendSize)
 			return
 		}
 		c.t.tracef(trace.RDMA, "backward call xid=%#x len=%d reply=%d", xid, len(msg), len(reply))
@@ -332,6 +374,10 @@ func (r *req) parseReply(h *Header, payload []byte, invalidated uint32) (*oncrpc
 	case ProcMsg, ProcNoMsg:
 	default:
 		return nil, fmt.Errorf("%w: xid %#x: procedure %d in a reply", errUnusable, r.xid, h.Proc)
+	}
+	if h.Vers == Version2 && h.Proc == ProcMsg && len(payload) == 0 {
+		// v2 s4.2: an RDMA_MSG always carries a payload stream.
+		return nil, fmt.Errorf("%w: xid %#x: version-2 RDMA_MSG without a payload", errUnusable, r.xid)
 	}
 	if len(h.Reads) != 0 {
 		// RFC 8166 s4.3.1: a responder sends no Read list.

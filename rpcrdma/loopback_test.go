@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +26,8 @@ const (
 	echoProg    = 0x20000099
 	procEcho    = 1
 	procBigRepl = 2
+	procSink    = 3 // consumes opaque data (like WRITE), returns its length
+	procSource  = 4 // returns n bytes of DDP-eligible data (like READ)
 )
 
 type echoHandler struct{ delay time.Duration }
@@ -51,6 +55,15 @@ func (h echoHandler) HandleCall(msg []byte) []byte {
 		n := d.Uint32()
 		oncrpc.AppendAcceptedReply(&e, ch.XID, oncrpc.Success, 0, 0)
 		e.Opaque(bytes.Repeat([]byte{0x5a}, int(n)))
+	case procSink:
+		data := d.Opaque(64 << 20)
+		oncrpc.AppendAcceptedReply(&e, ch.XID, oncrpc.Success, 0, 0)
+		e.Uint32(uint32(len(data)))
+	case procSource:
+		n := min(d.Uint32(), 64<<20)
+		oncrpc.AppendAcceptedReply(&e, ch.XID, oncrpc.Success, 0, 0)
+		e.Uint32(n)
+		e.Reserve(xdr.RoundUp(int(n)))
 	default:
 		oncrpc.AppendAcceptedReply(&e, ch.XID, oncrpc.ProcUnavail, 0, 0)
 	}
@@ -58,23 +71,21 @@ func (h echoHandler) HandleCall(msg []byte) []byte {
 }
 
 // echoReplyBulk is the upper-layer binding of the echo program: the
-// result data of procedure 1 is DDP-eligible.
-func echoReplyBulk(reply []byte) (int, int, bool) {
+// result data of procedures 1 and 4 is DDP-eligible.
+func echoReplyBulk(call, reply []byte) (int, int, bool) {
+	ch, _, err := oncrpc.ParseCall(call)
+	if err != nil || (ch.Proc != procEcho && ch.Proc != procSource) {
+		return 0, 0, false
+	}
 	_, res, err := oncrpc.ParseReply(reply)
-	if err != nil || len(res) < 4 || len(reply) < 1 {
+	if err != nil || len(res) < 4 {
 		return 0, 0, false
 	}
-	off := len(reply) - len(res)
-	d := xdr.NewDecoder(res)
-	n := d.Uint32()
-	if int(n) > len(res)-4 || len(res) == 4+xdr.RoundUp(int(n)) == false {
+	n := xdr.NewDecoder(res).Uint32()
+	if int(n) > len(res)-4 {
 		return 0, 0, false
 	}
-	// Procedure 2's results look alike; the test marks them by content.
-	if n > 0 && res[4] == 0x5a && n >= 8 && res[11] == 0x5a && res[5] == 0x5a {
-		return 0, 0, false
-	}
-	return off + 4, int(n), true
+	return len(reply) - len(res) + 4, int(n), true
 }
 
 type testEnv struct {
@@ -83,8 +94,15 @@ type testEnv struct {
 	clnt *oncrpc.Client
 }
 
-func newEnv(t *testing.T, rcfg ResponderConfig, ccfg Config) *testEnv {
+// newEnv starts a responder and a requester that negotiates version v
+// with it: against a version-1 responder the requester's version-2 probe
+// falls back to version 1 (v2 draft s5.2), so every test also covers that.
+func newEnv(t *testing.T, v int, rcfg ResponderConfig, ccfg Config) *testEnv {
 	t.Helper()
+	rcfg.MaxVersion = v
+	if v == Version2 {
+		rcfg.XChars, ccfg.XChars = true, true
+	}
 	if rcfg.Handler == nil {
 		rcfg.Handler = echoHandler{}
 	}
@@ -92,6 +110,20 @@ func newEnv(t *testing.T, rcfg ResponderConfig, ccfg Config) *testEnv {
 	if rcfg.ReplyBulk == nil {
 		rcfg.ReplyBulk = echoReplyBulk
 	}
+	// Both ends' traces go to stderr with RDMAFS_TEST_TRACE set, and are
+	// logged when the test fails otherwise.
+	var traceBuf syncBuffer
+	if os.Getenv("RDMAFS_TEST_TRACE") != "" {
+		ccfg.Tracer = trace.New(os.Stderr, trace.RDMA)
+	} else {
+		ccfg.Tracer = trace.New(&traceBuf, trace.RDMA)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("trace:\n%s", traceBuf.String())
+			}
+		})
+	}
+	rcfg.Tracer = ccfg.Tracer
 	resp, err := Listen("127.0.0.1:0", rcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +134,38 @@ func newEnv(t *testing.T, rcfg ResponderConfig, ccfg Config) *testEnv {
 		tr.Close()
 		resp.Close()
 	})
-	return &testEnv{resp: resp, tr: tr, clnt: oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5})}
+	env := &testEnv{resp: resp, tr: tr, clnt: oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5})}
+	t.Cleanup(func() {
+		if st := tr.Stats(); st.Replies > 0 && st.Version != v && !t.Failed() {
+			t.Errorf("connection speaks version %d, want %d", st.Version, v)
+		}
+	})
+	return env
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// forEachVersion runs f over a version-1 and a version-2 connection.
+func forEachVersion(t *testing.T, f func(t *testing.T, v int)) {
+	for _, v := range []int{Version1, Version2} {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) { f(t, v) })
+	}
 }
 
 // echo sends data as an echo call with the data as Bulk and a ReplyBulk
@@ -150,188 +213,200 @@ func pattern(n int) []byte {
 }
 
 func TestResponderChunkChoices(t *testing.T) {
-	env := newEnv(t, ResponderConfig{RemoteInvalidate: true}, Config{AcceptInvalidate: true})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	tests := []struct {
-		size                 int
-		withDest             bool
-		inline, read, write  uint64
-		wantPlaced, wantRepl bool
-	}{
-		{0, false, 1, 0, 0, false, false},
-		{1001, false, 1, 0, 0, false, false},
-		{4100, false, 0, 1, 0, false, true}, // the echo reply needs a Reply chunk
-		{6000, true, 0, 1, 1, true, false},
-		{1 << 20, true, 0, 1, 1, true, false},
-		{16 << 20, true, 0, 1, 1, true, false},
-	}
-	for _, tt := range tests {
-		t.Run(fmt.Sprint(tt.size), func(t *testing.T) {
-			before := env.tr.Stats()
-			data := pattern(tt.size)
-			var dest []byte
-			if tt.withDest {
-				dest = make([]byte, tt.size)
-			}
-			if err := env.echo(ctx, data, dest); err != nil {
-				t.Fatal(err)
-			}
-			after := env.tr.Stats()
-			if got := after.InlineCalls - before.InlineCalls; got != tt.inline {
-				t.Errorf("inline calls %d, want %d", got, tt.inline)
-			}
-			if got := after.ReadChunks - before.ReadChunks; got != tt.read {
-				t.Errorf("read chunks %d, want %d", got, tt.read)
-			}
-			if got := after.WriteChunks - before.WriteChunks; got != tt.write {
-				t.Errorf("write chunks %d, want %d", got, tt.write)
-			}
-			if placed := after.BytesPlaced - before.BytesPlaced; tt.size > 0 && tt.wantPlaced != (placed == uint64(tt.size)) {
-				t.Errorf("placed %d bytes", placed)
-			}
-			if got := after.ReplyChunks - before.ReplyChunks; (got == 1) != tt.wantRepl {
-				t.Errorf("reply chunks %d, want %v", got, tt.wantRepl)
-			}
-			// RFC 8166 s8.1: nothing stays exposed after the call.
-			if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
-				t.Fatalf("%d regions with remote access left after the call", n)
-			}
-		})
-	}
+	forEachVersion(t, func(t *testing.T, v int) {
+		env := newEnv(t, v, ResponderConfig{RemoteInvalidate: true}, Config{AcceptInvalidate: true})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		tests := []struct {
+			size                 int
+			withDest             bool
+			inline, read, write  uint64
+			wantPlaced, wantRepl bool
+		}{
+			{0, false, 1, 0, 0, false, false},
+			{1001, false, 1, 0, 0, false, false},
+			{4100, false, 0, 1, 0, false, true}, // the echo reply needs a Reply chunk
+			{6000, true, 0, 1, 1, true, false},
+			{1 << 20, true, 0, 1, 1, true, false},
+			{16 << 20, true, 0, 1, 1, true, false},
+		}
+		for _, tt := range tests {
+			t.Run(fmt.Sprint(tt.size), func(t *testing.T) {
+				before := env.tr.Stats()
+				data := pattern(tt.size)
+				var dest []byte
+				if tt.withDest {
+					dest = make([]byte, tt.size)
+				}
+				if err := env.echo(ctx, data, dest); err != nil {
+					t.Fatal(err)
+				}
+				after := env.tr.Stats()
+				if got := after.InlineCalls - before.InlineCalls; got != tt.inline {
+					t.Errorf("inline calls %d, want %d", got, tt.inline)
+				}
+				if got := after.ReadChunks - before.ReadChunks; got != tt.read {
+					t.Errorf("read chunks %d, want %d", got, tt.read)
+				}
+				if got := after.WriteChunks - before.WriteChunks; got != tt.write {
+					t.Errorf("write chunks %d, want %d", got, tt.write)
+				}
+				if placed := after.BytesPlaced - before.BytesPlaced; tt.size > 0 && tt.wantPlaced != (placed == uint64(tt.size)) {
+					t.Errorf("placed %d bytes", placed)
+				}
+				if got := after.ReplyChunks - before.ReplyChunks; (got == 1) != tt.wantRepl {
+					t.Errorf("reply chunks %d, want %v", got, tt.wantRepl)
+				}
+				// RFC 8166 s8.1: nothing stays exposed after the call.
+				if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
+					t.Fatalf("%d regions with remote access left after the call", n)
+				}
+			})
+		}
+	})
 }
 
 func TestResponderPositionZeroReadChunk(t *testing.T) {
-	env := newEnv(t, ResponderConfig{}, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	// A call larger than the inline threshold with no DDP-eligible part:
-	// all of it in the Head.
-	data := pattern(10000)
-	var e xdr.Encoder
-	xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
-	e.Opaque(data)
-	rep, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 10200})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rep.Release()
-	d := xdr.NewDecoder(rep.Results)
-	if got := d.Opaque(1 << 20); !bytes.Equal(got, data) {
-		t.Fatalf("reply mismatch (%d bytes)", len(got))
-	}
-	st := env.tr.Stats()
-	if st.PosZeroChunks != 1 || st.ReplyChunks != 1 {
-		t.Fatalf("stats %+v: want one Position-Zero Read chunk and one Reply chunk", st)
-	}
-	if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
-		t.Fatalf("%d live regions", n)
-	}
+	forEachVersion(t, func(t *testing.T, v int) {
+		env := newEnv(t, v, ResponderConfig{}, Config{})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		// A call larger than the inline threshold with no DDP-eligible part:
+		// all of it in the Head.
+		data := pattern(10000)
+		var e xdr.Encoder
+		xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
+		e.Opaque(data)
+		rep, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 10200})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rep.Release()
+		d := xdr.NewDecoder(rep.Results)
+		if got := d.Opaque(1 << 20); !bytes.Equal(got, data) {
+			t.Fatalf("reply mismatch (%d bytes)", len(got))
+		}
+		st := env.tr.Stats()
+		if st.PosZeroChunks != 1 || st.ReplyChunks != 1 {
+			t.Fatalf("stats %+v: want one Position-Zero Read chunk and one Reply chunk", st)
+		}
+		if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
+			t.Fatalf("%d live regions", n)
+		}
+	})
 }
 
 func TestResponderBigReplyChunk(t *testing.T) {
-	env := newEnv(t, ResponderConfig{}, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, n := range []int{100, 50000} {
-		var e xdr.Encoder
-		xid := env.clnt.StartCall(&e, procBigRepl, oncrpc.AuthNone)
-		e.Uint32(uint32(n))
-		rep, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: n + 200})
-		if err != nil {
-			t.Fatalf("%d: %v", n, err)
+	forEachVersion(t, func(t *testing.T, v int) {
+		env := newEnv(t, v, ResponderConfig{}, Config{})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, n := range []int{100, 50000} {
+			var e xdr.Encoder
+			xid := env.clnt.StartCall(&e, procBigRepl, oncrpc.AuthNone)
+			e.Uint32(uint32(n))
+			rep, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: n + 200})
+			if err != nil {
+				t.Fatalf("%d: %v", n, err)
+			}
+			d := xdr.NewDecoder(rep.Results)
+			if got := d.Opaque(1 << 20); len(got) != n {
+				t.Fatalf("%d-byte reply came back with %d bytes", n, len(got))
+			}
+			rep.Release()
 		}
-		d := xdr.NewDecoder(rep.Results)
-		if got := d.Opaque(1 << 20); len(got) != n {
-			t.Fatalf("%d-byte reply came back with %d bytes", n, len(got))
+		if st := env.tr.Stats(); st.ReplyChunks != 1 {
+			t.Fatalf("reply chunks %d, want 1 (for the large reply only)", st.ReplyChunks)
 		}
-		rep.Release()
-	}
-	if st := env.tr.Stats(); st.ReplyChunks != 1 {
-		t.Fatalf("reply chunks %d, want 1 (for the large reply only)", st.ReplyChunks)
-	}
+	})
 }
 
 func TestResponderCreditLimit(t *testing.T) {
-	env := newEnv(t, ResponderConfig{Credits: 4, Handler: echoHandler{delay: 2 * time.Millisecond}}, Config{Credits: 128})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var wg sync.WaitGroup
-	var failed atomic.Int32
-	for i := range 128 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := env.echo(ctx, pattern(100+i), nil); err != nil {
-				t.Error(err)
-				failed.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	if m := env.resp.MaxInFlight(); m > 4 || m < 2 {
-		t.Fatalf("responder saw up to %d calls at once with a grant of 4", m)
-	}
-	if st := env.tr.Stats(); st.Credits != 4 {
-		t.Fatalf("requester holds %d credits, want the grant of 4", st.Credits)
-	}
+	forEachVersion(t, func(t *testing.T, v int) {
+		env := newEnv(t, v, ResponderConfig{Credits: 4, Handler: echoHandler{delay: 2 * time.Millisecond}}, Config{Credits: 128})
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var wg sync.WaitGroup
+		var failed atomic.Int32
+		for i := range 128 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := env.echo(ctx, pattern(100+i), nil); err != nil {
+					t.Error(err)
+					failed.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if m := env.resp.MaxInFlight(); m > 4 || m < 2 {
+			t.Fatalf("responder saw up to %d calls at once with a grant of 4", m)
+		}
+		if st := env.tr.Stats(); st.Credits != 4 {
+			t.Fatalf("requester holds %d credits, want the grant of 4", st.Credits)
+		}
+	})
 }
 
 func TestResponderErrChunkFailsOnlyItsCall(t *testing.T) {
-	var bad atomic.Uint32
-	env := newEnv(t, ResponderConfig{Filter: func(xid uint32, call []byte) Action {
-		if xid == bad.Load() {
-			return RejectCall
+	forEachVersion(t, func(t *testing.T, v int) {
+		var bad atomic.Uint32
+		env := newEnv(t, v, ResponderConfig{Filter: func(xid uint32, call []byte) Action {
+			if xid == bad.Load() {
+				return RejectCall
+			}
+			return Serve
+		}}, Config{})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := env.echo(ctx, []byte("warm"), nil); err != nil {
+			t.Fatal(err)
 		}
-		return Serve
-	}}, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.echo(ctx, []byte("warm"), nil); err != nil {
-		t.Fatal(err)
-	}
-	var e xdr.Encoder
-	xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
-	bad.Store(xid)
-	e.Opaque([]byte("rejected"))
-	_, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 100})
-	if !errors.Is(err, ErrChunkRejected) {
-		t.Fatalf("err = %v, want ERR_CHUNK", err)
-	}
-	if err := env.echo(ctx, []byte("after"), nil); err != nil {
-		t.Fatalf("call after ERR_CHUNK: %v", err)
-	}
-	if st := env.tr.Stats(); st.Connects != 1 {
-		t.Fatalf("ERR_CHUNK cost a reconnect (%d connects)", st.Connects)
-	}
+		var e xdr.Encoder
+		xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
+		bad.Store(xid)
+		e.Opaque([]byte("rejected"))
+		_, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 100})
+		if !errors.Is(err, ErrChunkRejected) {
+			t.Fatalf("err = %v, want ERR_CHUNK", err)
+		}
+		if err := env.echo(ctx, []byte("after"), nil); err != nil {
+			t.Fatalf("call after ERR_CHUNK: %v", err)
+		}
+		if st := env.tr.Stats(); st.Connects != 1 {
+			t.Fatalf("ERR_CHUNK cost a reconnect (%d connects)", st.Connects)
+		}
+	})
 }
 
 func TestResponderReconnectDuringReads(t *testing.T) {
-	var calls atomic.Int32
-	env := newEnv(t, ResponderConfig{Handler: echoHandler{delay: time.Millisecond}, Filter: func(uint32, []byte) Action {
-		if calls.Add(1) == 50 {
-			return Disconnect
-		}
-		return Serve
-	}}, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var wg sync.WaitGroup
-	for i := range 100 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			data := pattern(64<<10 + i)
-			if err := env.echo(ctx, data, make([]byte, len(data))); err != nil {
-				t.Errorf("call %d: %v", i, err)
+	forEachVersion(t, func(t *testing.T, v int) {
+		var calls atomic.Int32
+		env := newEnv(t, v, ResponderConfig{Handler: echoHandler{delay: time.Millisecond}, Filter: func(uint32, []byte) Action {
+			if calls.Add(1) == 50 {
+				return Disconnect
 			}
-		}()
-	}
-	wg.Wait()
-	if st := env.tr.Stats(); st.Connects < 2 {
-		t.Fatalf("connects %d: the connection was not remade", st.Connects)
-	}
-	if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
-		t.Fatalf("%d live regions after reconnect", n)
-	}
+			return Serve
+		}}, Config{})
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var wg sync.WaitGroup
+		for i := range 100 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				data := pattern(64<<10 + i)
+				if err := env.echo(ctx, data, make([]byte, len(data))); err != nil {
+					t.Errorf("call %d: %v", i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if st := env.tr.Stats(); st.Connects < 2 {
+			t.Fatalf("connects %d: the connection was not remade", st.Connects)
+		}
+		if n := env.tr.PD().LiveRemoteRegions(); n != 0 {
+			t.Fatalf("%d live regions after reconnect", n)
+		}
+	})
 }

@@ -53,6 +53,8 @@ type req struct {
 	kinds     [2]chunkKind // call and reply decisions, for tracing and counters
 	pzrcBuf   []byte
 	tr        *Transport
+	probe     bool // sent as the version-2 negotiation probe
+	resend    bool // the probe met ERR_VERS: send again as version 1
 
 	done     chan struct{}
 	reply    *oncrpc.Reply
@@ -66,13 +68,13 @@ type req struct {
 // in a Position-Zero Read chunk (RDMA_NOMSG). For the reply it offers a
 // Write chunk for a DDP-eligible result and a Reply chunk when the rest
 // may not fit our receive buffer.
-func (c *conn) marshal(r *req, credits uint32) error {
+func (c *conn) marshal(r *req, credits uint32, vers uint32, sendSize, recvLimit int) error {
 	call := r.call
 	h := &r.hdr
-	*h = Header{XID: call.XID, Vers: Version1, Credit: credits, Proc: ProcMsg, Reads: h.Reads[:0], Writes: h.Writes[:0]}
+	*h = Header{XID: call.XID, Vers: vers, Credit: credits, Proc: ProcMsg, Reads: h.Reads[:0], Writes: h.Writes[:0]}
 
 	// Reply side first: it adds to the header's size.
-	recvRoom := c.recvSize - replyHeaderRoom
+	recvRoom := recvLimit - replyHeaderRoom
 	if n := len(call.ReplyBulk); n > 0 && call.MaxReplySize+n > recvRoom {
 		reg, err := c.register(r, call.ReplyBulk, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
@@ -106,10 +108,10 @@ func (c *conn) marshal(r *req, credits uint32) error {
 	}
 	pad := zeroPad[:xdr.Pad(len(call.Bulk))]
 	switch {
-	case hdrLen+call.Len() <= c.sendSize:
+	case hdrLen+call.Len() <= sendSize:
 		r.kinds[0] = chunkInline
 		r.sgl = append(r.sgl[:0], nil, call.Head, call.Bulk, pad, call.Tail)
-	case call.Bulk != nil && hdrLen+readSegLen+len(call.Head)+len(call.Tail) <= c.sendSize:
+	case call.Bulk != nil && hdrLen+readSegLen+len(call.Head)+len(call.Tail) <= sendSize:
 		// RFC 8166 s3.4.5: the Read chunk's position is the offset of the
 		// reduced item in the whole payload stream; the item's XDR pad
 		// goes with it (s3.4.4), so Tail follows Head directly.
@@ -143,8 +145,8 @@ func (c *conn) marshal(r *req, credits uint32) error {
 	r.hdrBuf.Reset(r.hdrBuf.Bytes())
 	h.Append(&r.hdrBuf)
 	r.sgl[0] = r.hdrBuf.Bytes()
-	if n := sglLen(r.sgl); n > c.sendSize {
-		return fmt.Errorf("rpcrdma: marshal xid %#x: %d-byte Send exceeds the peer's %d-byte inline threshold", call.XID, n, c.sendSize)
+	if n := sglLen(r.sgl); n > sendSize {
+		return fmt.Errorf("rpcrdma: marshal xid %#x: %d-byte Send exceeds the peer's %d-byte inline threshold", call.XID, n, sendSize)
 	}
 	return nil
 }

@@ -52,6 +52,13 @@ type Config struct {
 	DialTimeout time.Duration
 	// Tracer receives -v rdma and mr events.
 	Tracer *trace.Tracer
+	// Version is the RPC-over-RDMA version: 0 negotiates (version 2
+	// first, falling back to 1: draft-cel-nfsv4-rpcrdma-version-two s5),
+	// 1 or 2 insists on that version (the rdmavers mount option).
+	Version int
+	// XChars makes a version-2 connection exchange transport
+	// characteristics (ROPT_INITXCH after negotiation).
+	XChars bool
 }
 
 // Transport is an RPC-over-RDMA version 1 requester: an oncrpc.Transport
@@ -70,6 +77,9 @@ type Transport struct {
 	handler atomic.Pointer[oncrpc.CallHandler]
 	stats   transportStats
 	reqPool sync.Pool
+
+	v1Mu    sync.Mutex
+	v1Until time.Time // version 1 only until then (a failed negotiation)
 }
 
 // NewTransport returns a requester for the responder at addr
@@ -162,25 +172,53 @@ func (t *Transport) RoundTrip(ctx context.Context, call *oncrpc.Call) (*oncrpc.R
 	if err != nil {
 		return nil, err
 	}
-	if err := c.acquireCredit(ctx); err != nil {
-		return nil, err
-	}
 	r := t.reqPool.Get().(*req)
 	r.tr, r.xid, r.call = t, call.XID, call
+	for {
+		if err := c.send(ctx, r); err != nil {
+			return nil, err
+		}
+		if !r.resend {
+			break
+		}
+		// The version-2 probe met a version-1 peer: the connection now
+		// speaks version 1; the same call goes again (A-V2-3).
+		r.resend = false
+	}
+	rep, err := r.reply, r.err
+	r.call = nil
+	t.reqPool.Put(r)
+	return rep, err
+}
+
+// send marshals r for the connection's current version, sends it and
+// waits for its reply.
+func (c *conn) send(ctx context.Context, r *req) error {
+	t := c.t
+	if err := c.acquireCredit(ctx); err != nil {
+		return err
+	}
 	r.done = make(chan struct{})
 	r.reply, r.err, r.writeOff, r.replySegs = nil, nil, nil, nil
 	r.kinds = [2]chunkKind{chunkInline, chunkInline}
-	if err := c.marshal(r, uint32(t.cfg.Credits)); err != nil {
+	c.mu.Lock()
+	vers, sendSize, recvLimit := c.neg.version(), c.neg.sendSize, c.neg.replyLimit(c.recvSize)
+	r.probe = c.neg.st == negProbe
+	if r.probe {
+		c.neg.probeSent = true
+	}
+	c.mu.Unlock()
+	if err := c.marshal(r, uint32(t.cfg.Credits), vers, sendSize, recvLimit); err != nil {
 		r.invalidate()
 		c.releaseCredit()
-		return nil, err
+		return err
 	}
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
 		r.invalidate()
-		return nil, err
+		return err
 	}
 	if old := c.pending[r.xid]; old != nil {
 		// A retransmission of a call that gave up waiting: the old
@@ -191,12 +229,12 @@ func (t *Transport) RoundTrip(ctx context.Context, call *oncrpc.Call) (*oncrpc.R
 	}
 	c.pending[r.xid] = r
 	c.mu.Unlock()
-	t.traceMarshal(r, c)
+	t.traceMarshal(r, vers)
 	sent, err := c.postSend(r.sgl)
 	if err != nil {
 		c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
 		<-r.done
-		return nil, r.err
+		return r.err
 	}
 	select {
 	case <-r.done:
@@ -209,19 +247,23 @@ func (t *Transport) RoundTrip(ctx context.Context, call *oncrpc.Call) (*oncrpc.R
 			// Keep the credit counted: the responder may still answer.
 			c.mu.Unlock()
 			r.invalidate()
-			go c.reclaimCreditLater()
+			if r.probe {
+				// v2 s5.2: an unanswered probe means the server does
+				// not speak version 2; reconnect at version 1.
+				t.markV1Only()
+				c.fail(fmt.Errorf("%w: version-2 probe unanswered", oncrpc.ErrConnection))
+			} else {
+				go c.reclaimCreditLater()
+			}
 		} else {
 			c.mu.Unlock()
 			<-r.done
 		}
 		<-sent
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
 	<-sent // the Send's buffers (the caller's Head/Tail) are free
-	rep, err := r.reply, r.err
-	r.call = nil
-	t.reqPool.Put(r)
-	return rep, err
+	return nil
 }
 
 func (c *conn) releaseCredit() {
@@ -251,13 +293,16 @@ func (t *Transport) tracef(cat trace.Category, format string, args ...any) {
 	}
 }
 
-func (t *Transport) traceMarshal(r *req, c *conn) {
+func (t *Transport) traceMarshal(r *req, vers uint32) {
 	if !t.cfg.Tracer.On(trace.RDMA) {
 		return
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "marshal xid=%#x proc=%d call=%s reply=%s len=%d send=%d",
-		r.xid, r.hdr.Proc, chunkNames[r.kinds[0]], chunkNames[r.kinds[1]], r.call.Len(), sglLen(r.sgl))
+	fmt.Fprintf(&b, "marshal xid=%#x vers=%d proc=%d call=%s reply=%s len=%d send=%d",
+		r.xid, vers, r.hdr.Proc, chunkNames[r.kinds[0]], chunkNames[r.kinds[1]], r.call.Len(), sglLen(r.sgl))
+	if r.probe {
+		b.WriteString(" probe")
+	}
 	for _, rs := range r.hdr.Reads {
 		fmt.Fprintf(&b, " read(pos=%d stag=%#x len=%d)", rs.Position, rs.Handle, rs.Length)
 	}
@@ -280,6 +325,11 @@ type transportStats struct {
 	backward atomic.Uint64
 	connects atomic.Uint64
 	replies  atomic.Uint64
+
+	fallbacks   atomic.Uint64 // version-2 probes answered with ERR_VERS
+	optionals   atomic.Uint64 // RDMA_OPTIONAL messages received
+	optRejected atomic.Uint64 // RDMA_OPTIONAL messages we answered with an error
+	optErrors   atomic.Uint64 // our RDMA_OPTIONAL messages the peer refused
 }
 
 func (s *transportStats) countChunks(kinds [2]chunkKind, placed int) {
@@ -306,30 +356,44 @@ type Stats struct {
 	BytesPlaced            uint64 // bytes the responder RDMA-wrote into Write chunks
 	Dropped                uint64 // malformed or unmatched messages dropped
 	BackwardCalls          uint64
+	Fallbacks              uint64 // version-2 probes answered with ERR_VERS
+	OptionalsReceived      uint64
+	OptionalsRejected      uint64 // peer RDMA_OPTIONALs answered with INVAL_OPTION/BAD_HEADER
+	OptionalErrors         uint64 // our RDMA_OPTIONALs the peer refused
+	Peer                   Chars  // the peer's transport characteristics (version 2)
+	PeerAnnounced          bool   // the peer sent ROPT_INITXCH
 	MR                     mrcache.Stats
 }
 
 // Stats returns the requester's counters.
 func (t *Transport) Stats() Stats {
 	s := Stats{
-		Version:       Version1,
-		Connects:      t.stats.connects.Load(),
-		Replies:       t.stats.replies.Load(),
-		InlineCalls:   t.stats.chunks[chunkInline].Load(),
-		ReadChunks:    t.stats.chunks[chunkRead].Load(),
-		PosZeroChunks: t.stats.chunks[chunkPosZero].Load(),
-		WriteChunks:   t.stats.chunks[chunkWrite].Load(),
-		ReplyChunks:   t.stats.chunks[chunkReply].Load(),
-		BytesPlaced:   t.stats.placed.Load(),
-		Dropped:       t.stats.dropped.Load(),
-		BackwardCalls: t.stats.backward.Load(),
-		MR:            t.mrc.Stats(),
+		Fallbacks:         t.stats.fallbacks.Load(),
+		OptionalsReceived: t.stats.optionals.Load(),
+		OptionalsRejected: t.stats.optRejected.Load(),
+		OptionalErrors:    t.stats.optErrors.Load(),
+		Connects:          t.stats.connects.Load(),
+		Replies:           t.stats.replies.Load(),
+		InlineCalls:       t.stats.chunks[chunkInline].Load(),
+		ReadChunks:        t.stats.chunks[chunkRead].Load(),
+		PosZeroChunks:     t.stats.chunks[chunkPosZero].Load(),
+		WriteChunks:       t.stats.chunks[chunkWrite].Load(),
+		ReplyChunks:       t.stats.chunks[chunkReply].Load(),
+		BytesPlaced:       t.stats.placed.Load(),
+		Dropped:           t.stats.dropped.Load(),
+		BackwardCalls:     t.stats.backward.Load(),
+		MR:                t.mrc.Stats(),
 	}
 	t.mu.Lock()
 	if c := t.conn; c != nil {
-		s.InlineSend, s.InlineRecv = c.sendSize, c.recvSize
 		c.mu.Lock()
+		s.InlineSend, s.InlineRecv = c.neg.sendSize, c.recvSize
 		s.Credits = c.granted
+		s.Version = int(c.neg.version())
+		if c.neg.st == negProbe {
+			s.Version = 0
+		}
+		s.Peer, s.PeerAnnounced = c.neg.peer, c.neg.peerInit
 		c.mu.Unlock()
 	}
 	t.mu.Unlock()

@@ -2,6 +2,7 @@ package rpcrdma
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -36,16 +37,26 @@ type ResponderConfig struct {
 	// InlineSend and InlineRecv are our inline thresholds. Zero means
 	// 4096.
 	InlineSend, InlineRecv int
-	// ReplyBulk is the upper-layer binding for replies (RFC 8166 s6): it
-	// returns the offset and length of the DDP-eligible data in a reply
-	// (the bytes after the opaque's length word), if there is one. Only
-	// with it can a Write chunk be filled.
-	ReplyBulk func(reply []byte) (off, n int, ok bool)
+	// ReplyBulk is the upper-layer binding for replies (RFC 8166 s6):
+	// given a call and its reply, it returns the offset and length of the
+	// DDP-eligible data in the reply (the bytes after the opaque's length
+	// word), if there is one. Only with it can a Write chunk be filled.
+	ReplyBulk func(call, reply []byte) (off, n int, ok bool)
 	// RemoteInvalidate lets the responder use Send With Invalidate when
 	// the requester accepts it and the call exposed exactly one STag.
 	RemoteInvalidate bool
 	// Filter, if set, sees each call and may inject a fault.
 	Filter func(xid uint32, call []byte) Action
+	// MaxVersion is the highest RPC-over-RDMA version served: 1 (the
+	// default) answers version-2 calls with ERR_VERS 1..1 as knfsd does;
+	// 2 serves version 2 (draft-cel-nfsv4-rpcrdma-version-two).
+	MaxVersion int
+	// XChars makes a version-2 connection announce our transport
+	// characteristics (ROPT_INITXCH) and serve REQXCH.
+	XChars bool
+	// MaxRecv bounds how far a requester's REQXCH may grow our receive
+	// buffers. Zero means 64 KiB.
+	MaxRecv int
 	// Tracer receives -v rdma events.
 	Tracer *trace.Tracer
 }
@@ -67,7 +78,15 @@ type Responder struct {
 	// ever between arrival and reply on one connection.
 	calls       atomic.Uint64
 	maxInFlight atomic.Int64
+	sendInvs    atomic.Uint64
+	optErrors   atomic.Uint64 // RDMA_ERRORs sent for RDMA_OPTIONALs
 }
+
+// SendInvalidates returns how many replies used Send With Invalidate.
+func (s *Responder) SendInvalidates() uint64 { return s.sendInvs.Load() }
+
+// OptionalErrors returns how many RDMA_OPTIONALs were refused.
+func (s *Responder) OptionalErrors() uint64 { return s.optErrors.Load() }
 
 // Listen starts a responder on addr ("127.0.0.1:0" for a free port).
 func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
@@ -79,6 +98,12 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 	}
 	if cfg.InlineRecv <= 0 {
 		cfg.InlineRecv = 4096
+	}
+	if cfg.MaxVersion <= 0 {
+		cfg.MaxVersion = Version1
+	}
+	if cfg.MaxRecv <= 0 {
+		cfg.MaxRecv = 64 << 10
 	}
 	s := &Responder{cfg: cfg, pd: verbs.NewProtectionDomain(), conns: make(map[*serverConn]struct{})}
 	ours := PrivateData{Version: privDataVersion, RemoteInvalidate: false, InlineSend: cfg.InlineSend, InlineRecv: cfg.InlineRecv}
@@ -134,7 +159,8 @@ func (s *Responder) acceptLoop() {
 			qp.Close()
 			continue
 		}
-		c := &serverConn{s: s, qp: qp, sendSize: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate}
+		c := &serverConn{s: s, qp: qp, privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
+			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars}
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
@@ -153,8 +179,16 @@ func (s *Responder) acceptLoop() {
 type serverConn struct {
 	s        *Responder
 	qp       verbs.QueuePair
-	sendSize int
-	peerInv  bool
+	privSend int  // version-1 send threshold from RFC 8797 private data
+	peerInv  bool // version 1: the requester accepts Send With Invalidate
+
+	mu        sync.Mutex // guards the version-2 state below
+	vers      uint32     // 0 until the first call, then its version
+	peerChars Chars      // the requester's characteristics (version 2)
+	recvSize  int        // our receive buffers' size, as announced
+	growTo    int        // REQXCH asked for this size; buffers being replaced
+	oldBufs   int        // posted buffers still smaller than growTo
+	growXID   uint32
 
 	inFlight atomic.Int64
 	sendMu   sync.Mutex // orders a reply's RDMA Writes before its Send
@@ -170,10 +204,9 @@ func (c *serverConn) tracef(format string, args ...any) {
 
 func (c *serverConn) serve() {
 	defer c.qp.Close()
-	size := c.s.cfg.InlineRecv
 	bufs := make([][]byte, c.s.cfg.Credits+4)
 	for i := range bufs {
-		bufs[i] = make([]byte, size)
+		bufs[i] = make([]byte, c.recvSize)
 		if c.qp.PostRecv(uint64(i), bufs[i]) != nil {
 			return
 		}
@@ -192,8 +225,15 @@ func (c *serverConn) serve() {
 				return
 			}
 			msg := append([]byte(nil), bufs[w.WRID][:w.ByteLen]...)
+			bufs[w.WRID] = c.nextRecvBuf(bufs[w.WRID])
 			if c.qp.PostRecv(w.WRID, bufs[w.WRID]) != nil {
 				return
+			}
+			if len(msg) >= 16 && binary.BigEndian.Uint32(msg[12:]) == ProcOptional {
+				// Characteristics apply in arrival order, before any
+				// call that follows them.
+				c.handle(msg)
+				continue
 			}
 			go c.handle(msg)
 		}
@@ -219,15 +259,23 @@ func (c *serverConn) sendLoop(ctx context.Context) {
 // handle serves one call message.
 func (c *serverConn) handle(msg []byte) {
 	var h Header
-	hlen, err := h.Decode(msg, false)
+	hlen, err := h.Decode(msg, c.s.cfg.MaxVersion >= Version2)
 	if err != nil {
 		c.tracef("drop: %v", err)
 		return
 	}
-	if h.Vers != Version1 {
+	if h.Vers < Version1 || h.Vers > uint32(c.s.cfg.MaxVersion) {
 		// RFC 8166 s5.1: answer ERR_VERS with the range we support.
 		c.sendError(&h, ErrVers)
 		return
+	}
+	first := c.setVersion(h.Vers)
+	if h.Proc == ProcOptional {
+		c.handleOptional(&h)
+		return
+	}
+	if h.Proc == ProcError {
+		return // never answer an RDMA_ERROR (A-V2-6)
 	}
 	if h.Proc != ProcMsg && h.Proc != ProcNoMsg {
 		c.tracef("drop: xid=%#x procedure %d in a call", h.XID, h.Proc)
@@ -267,11 +315,14 @@ func (c *serverConn) handle(msg []byte) {
 	if reply == nil {
 		return
 	}
-	if err := c.sendReply(&h, reply); err != nil {
+	if err := c.sendReply(&h, call, reply); err != nil {
 		c.tracef("xid=%#x: reply: %v", h.XID, err)
 		if errors.Is(err, ErrChunkRejected) {
 			c.sendError(&h, ErrChunk)
 		}
+	}
+	if first && h.Vers == Version2 && c.s.cfg.XChars {
+		c.sendInitXch()
 	}
 }
 
@@ -364,8 +415,10 @@ func (c *serverConn) rdmaRead(segs []ReadSegment) ([]byte, error) {
 // sendReply returns reply through the chunks the call offered (RFC 8166
 // s3.5): the DDP-eligible result into the first Write chunk, then inline
 // if the rest fits, else into the Reply chunk as RDMA_NOMSG.
-func (c *serverConn) sendReply(call *Header, reply []byte) error {
-	out := Header{XID: call.XID, Vers: Version1, Credit: uint32(c.s.cfg.Credits), Proc: ProcMsg}
+func (c *serverConn) sendReply(call *Header, callMsg, reply []byte) error {
+	// v2 s5.3: a reply has the version of its call.
+	out := Header{XID: call.XID, Vers: call.Vers, Credit: uint32(c.s.cfg.Credits), Proc: ProcMsg}
+	sendSize, remInv := c.sendParams()
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	if len(call.Writes) > 0 {
@@ -376,7 +429,7 @@ func (c *serverConn) sendReply(call *Header, reply []byte) error {
 			ret[i].Length = 0 // RFC 8166 s4.3.2: unused chunks return lengths of zero
 		}
 		if f := c.s.cfg.ReplyBulk; f != nil {
-			if off, n, ok := f(reply); ok && off >= 0 && off+n <= len(reply) {
+			if off, n, ok := f(callMsg, reply); ok && off >= 0 && off+n <= len(reply) {
 				if n > chunkLen(chunk) {
 					return fmt.Errorf("%w: %d-byte result for a %d-byte Write chunk", ErrChunkRejected, n, chunkLen(chunk))
 				}
@@ -402,7 +455,7 @@ func (c *serverConn) sendReply(call *Header, reply []byte) error {
 	}
 	var e xdr.Encoder
 	out.Append(&e)
-	if e.Len()+len(reply) > c.sendSize {
+	if e.Len()+len(reply) > sendSize {
 		if call.Reply == nil {
 			return fmt.Errorf("%w: %d-byte reply does not fit inline and no Reply chunk", ErrChunkRejected, len(reply))
 		}
@@ -421,8 +474,9 @@ func (c *serverConn) sendReply(call *Header, reply []byte) error {
 		out.Append(&e)
 	}
 	wr := verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpSend, SGL: [][]byte{e.Bytes(), reply}}
-	if stag, ok := c.singleSTag(call); ok && c.s.cfg.RemoteInvalidate && c.peerInv {
+	if stag, ok := c.singleSTag(call); ok && c.s.cfg.RemoteInvalidate && remInv {
 		wr.Opcode, wr.InvalidateSTag = verbs.OpSendWithInvalidate, stag
+		c.s.sendInvs.Add(1)
 	}
 	c.tracef("reply xid=%#x proc=%d inline=%d writes=%v reply=%v", call.XID, out.Proc, len(reply), out.Writes, out.Reply)
 	return c.qp.PostSend(wr)
@@ -471,11 +525,10 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment) erro
 }
 
 func (c *serverConn) sendError(call *Header, code uint32) {
-	out := Header{XID: call.XID, Vers: Version1, Credit: uint32(c.s.cfg.Credits), Proc: ProcError, ErrCode: code,
-		VersLow: Version1, VersHigh: Version1}
-	if code == ErrVers {
-		out.Vers = call.Vers // RFC 8166 s5.1: ERR_VERS echoes the call's version
-	}
+	// RFC 8166 s5.1: an RDMA_ERROR echoes the version of the message
+	// it answers; ERR_VERS carries the range we serve.
+	out := Header{XID: call.XID, Vers: call.Vers, Credit: uint32(c.s.cfg.Credits), Proc: ProcError, ErrCode: code,
+		VersLow: Version1, VersHigh: uint32(c.s.cfg.MaxVersion)}
 	var e xdr.Encoder
 	out.Append(&e)
 	c.sendMu.Lock()

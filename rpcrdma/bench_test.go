@@ -1,0 +1,136 @@
+package rpcrdma
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
+)
+
+// The data-path benchmarks run the same echo program over RPC-over-RDMA
+// (iWARP provider, loopback) and over TCP (oncrpc.Serve, loopback), so
+// their figures compare the transports in one run:
+//
+//	go test -run '^$' -bench . -benchmem ./rpcrdma
+
+type benchTransport struct {
+	clnt  *oncrpc.Client
+	close func()
+}
+
+func benchTransports(b *testing.B) map[string]benchTransport {
+	resp, err := Listen("127.0.0.1:0", ResponderConfig{Provider: &iwarp.Provider{}, Handler: echoHandler{}, ReplyBulk: echoReplyBulk, Credits: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rtr := NewTransport(resp.Addr(), Config{Provider: &iwarp.Provider{}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go oncrpc.Serve(ln, echoHandler{})
+	ttr := oncrpc.NewTCPTransport(ln.Addr().String(), oncrpc.TCPOptions{})
+	b.Cleanup(func() {
+		rtr.Close()
+		resp.Close()
+		ttr.Close()
+		ln.Close()
+	})
+	return map[string]benchTransport{
+		"rdma": {clnt: oncrpc.NewClient(rtr, echoProg, 1, oncrpc.ClientOptions{})},
+		"tcp":  {clnt: oncrpc.NewClient(ttr, echoProg, 1, oncrpc.ClientOptions{})},
+	}
+}
+
+// sink sends data like an NFS WRITE: the data is the DDP-eligible Bulk.
+func sink(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, data []byte) error {
+	e.Reset(e.Bytes())
+	xid := c.StartCall(e, procSink, oncrpc.AuthNone)
+	e.Uint32(uint32(len(data)))
+	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, MaxReplySize: 64})
+	if err != nil {
+		return err
+	}
+	rep.Release()
+	return nil
+}
+
+// source reads len(dest) bytes like an NFS READ: into dest, placed by a
+// Write chunk over RDMA, copied from the reply over TCP.
+func source(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, dest []byte) error {
+	e.Reset(e.Bytes())
+	xid := c.StartCall(e, procSource, oncrpc.AuthNone)
+	e.Uint32(uint32(len(dest)))
+	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), ReplyBulk: dest, MaxReplySize: 64})
+	if err != nil {
+		return err
+	}
+	defer rep.Release()
+	d := xdr.NewDecoder(rep.Results)
+	if rep.BulkPlaced {
+		if n := d.Uint32(); int(n) != len(dest) {
+			return fmt.Errorf("placed %d bytes", n)
+		}
+		return nil
+	}
+	data := d.Opaque(len(dest))
+	if len(data) != len(dest) {
+		return fmt.Errorf("got %d bytes: %v", len(data), d.Err())
+	}
+	copy(dest, data)
+	return nil
+}
+
+func BenchmarkWrite1MiB(b *testing.B) {
+	for name, bt := range benchTransports(b) {
+		b.Run(name, func(b *testing.B) {
+			data := pattern(1 << 20)
+			var e xdr.Encoder
+			b.SetBytes(int64(len(data)))
+			b.ResetTimer()
+			for b.Loop() {
+				if err := sink(b.Context(), bt.clnt, &e, data); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkRead1MiB(b *testing.B) {
+	for name, bt := range benchTransports(b) {
+		b.Run(name, func(b *testing.B) {
+			dest := make([]byte, 1<<20)
+			var e xdr.Encoder
+			b.SetBytes(int64(len(dest)))
+			b.ResetTimer()
+			for b.Loop() {
+				if err := source(b.Context(), bt.clnt, &e, dest); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRead4KiB measures small READ round trips, one at a time.
+func BenchmarkRead4KiB(b *testing.B) {
+	for name, bt := range benchTransports(b) {
+		b.Run(name, func(b *testing.B) {
+			dest := make([]byte, 4096)
+			var e xdr.Encoder
+			b.SetBytes(int64(len(dest)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := source(b.Context(), bt.clnt, &e, dest); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
