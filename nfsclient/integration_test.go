@@ -56,6 +56,24 @@ func (p peer) transport(topts oncrpc.TCPOptions) oncrpc.Transport {
 	return oncrpc.NewTCPTransport(p.addr, topts)
 }
 
+// lockedBuffer is a bytes.Buffer for concurrent trace writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
 // testTracer traces to stderr the categories in $RDMAFS_TEST_TRACE
 // (e.g. "rdma,nfs"), for debugging a failing test.
 func testTracer() *trace.Tracer {
@@ -459,13 +477,26 @@ func TestNonexistentExport(t *testing.T) {
 func TestKnfsdRDMAChunks(t *testing.T) {
 	k := testpeer.RequireKnfsd(t)
 	p := peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", knfsd: k, rdma: true}
-	tr := rpcrdma.NewTransport(p.addr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true, Tracer: testTracer()})
+	var traceBuf lockedBuffer
+	tr := rpcrdma.NewTransport(p.addr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true,
+		Tracer: trace.New(&traceBuf, trace.RDMA)})
 	ctx := testCtx(t)
 	c, err := Dial(ctx, Config{Transport: tr, Export: "/"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background())
+	// Version negotiation (v2 draft s5.2): the first call went as a
+	// version-2 probe, knfsd answered ERR_VERS 1..1, and the same
+	// connection went on in version 1.
+	if st := tr.Stats(); st.Version != 1 || st.Fallbacks != 1 || st.Connects != 1 {
+		t.Fatalf("negotiation against knfsd: %+v", st)
+	}
+	for _, want := range []string{"vers=2", "probe", "ERR_VERS 1..1: falling back to version 1 on this connection", "vers=1"} {
+		if !strings.Contains(traceBuf.String(), want) {
+			t.Fatalf("trace lacks %q:\n%s", want, traceBuf.String())
+		}
+	}
 	live := func(what string) {
 		t.Helper()
 		if n := tr.PD().LiveRemoteRegions(); n != 0 {

@@ -199,6 +199,13 @@ func TestV2ReqXchDoneRejPend(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the pending RBSIZ change", func() bool { return env.tr.PendingChange(XCharRBSize) })
+	// XC-4.4-d: an UPDXCH with pendclr=FALSE applies at once and leaves
+	// the request pending.
+	env.resp.SendOptional(OptUpdXch, UpdXch{Now: Uint32Val(XCharRBSize, 8192)}.Marshal())
+	waitFor(t, "interim RBSIZ=8192", func() bool { c, _ := env.tr.PeerChars(); return c.RBSize == 8192 })
+	if !env.tr.PendingChange(XCharRBSize) {
+		t.Fatal("pendclr=FALSE closed the pending request")
+	}
 	// XC-4.3-d, XC-4.4-c: the responder replaces its receive buffers as
 	// they are used, then reports the size with UPDXCH pendclr=TRUE.
 	// Until then a 10000-byte call is a long call.
@@ -206,7 +213,7 @@ func TestV2ReqXchDoneRejPend(t *testing.T) {
 		if err := env.echo(ctx, []byte("tick"), nil); err != nil {
 			t.Fatal(err)
 		}
-		if c, _ := env.tr.PeerChars(); c.RBSize > 4096 && env.tr.PendingChange(XCharRBSize) {
+		if c, _ := env.tr.PeerChars(); c.RBSize > 8192 && env.tr.PendingChange(XCharRBSize) {
 			t.Fatal("RBSIZ applied before pendclr")
 		}
 	}
