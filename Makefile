@@ -8,7 +8,7 @@ FUZZTIME    ?= 10s
 TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
 BIN         := bin/rdmafs
 
-.PHONY: all help build test unit fuzz bench lint deps demo clean
+.PHONY: all help build test unit fuzz bench lint deps demo demo-stop clean
 
 all: build
 
@@ -20,7 +20,8 @@ help:
 	@echo "make bench   data-path benchmarks"
 	@echo "make lint    gofmt, go vet, staticcheck"
 	@echo "make deps    install the Debian packages the tests need and build the knfsd guest"
-	@echo "make demo    start knfsd, mount it at ./mnt and show it working"
+	@echo "make demo    start knfsd, mount it over RPC-over-RDMA at ./mnt and show it working"
+	@echo "make demo-stop  unmount ./mnt and stop the knfsd guest"
 
 build:
 	$(GO) build -o $(BIN) ./cmd/rdmafs
@@ -50,6 +51,12 @@ lint:
 
 deps:
 	scripts/deps.sh
+
+demo: deps build
+	scripts/demo.sh
+
+demo-stop:
+	scripts/demo.sh stop
 
 clean:
 	rm -rf bin

@@ -13,12 +13,6 @@ type StateID struct {
 	Other [12]byte
 }
 
-// Special stateids (RFC 8881 s8.2.3).
-var (
-	anonStateID    = StateID{}
-	currentStateID = StateID{Seq: 1}
-)
-
 // Decoding limits: generous bounds that no real server reaches.
 const (
 	maxTagLen      = 1024

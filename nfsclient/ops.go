@@ -12,7 +12,8 @@ import (
 // the same system call (SEQUENCE first, then PUTFH and the operation,
 // usually with a GETATTR so the caller's attribute cache stays fresh).
 
-// putFHOp is the first result after SEQUENCE in most compounds.
+// putFHAnd returns a builder that sets the current file handle to fh and
+// then adds what build adds: most compounds start that way after SEQUENCE.
 func putFHAnd(fh []byte, build func(cp *compound)) func(cp *compound) {
 	return func(cp *compound) {
 		cp.putFH(fh)

@@ -18,8 +18,7 @@ import (
 //	go test -run '^$' -bench . -benchmem ./rpcrdma
 
 type benchTransport struct {
-	clnt  *oncrpc.Client
-	close func()
+	clnt *oncrpc.Client
 }
 
 func benchTransports(b *testing.B) map[string]benchTransport {

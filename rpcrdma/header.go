@@ -218,18 +218,6 @@ func (h *Header) Decode(msg []byte, v2 bool) (int, error) {
 	return d.Offset(), nil
 }
 
-// ReadChunkLen returns the total length of the Read list segments at
-// position pos.
-func (h *Header) readChunkLen(pos uint32) int {
-	n := 0
-	for _, r := range h.Reads {
-		if r.Position == pos {
-			n += int(r.Length)
-		}
-	}
-	return n
-}
-
 func chunkLen(segs []Segment) int {
 	n := 0
 	for _, s := range segs {

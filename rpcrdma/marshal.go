@@ -56,10 +56,9 @@ type req struct {
 	probe     bool // sent as the version-2 negotiation probe
 	resend    bool // the probe met ERR_VERS: send again as version 1
 
-	done     chan struct{}
-	reply    *oncrpc.Reply
-	err      error
-	sendDone chan struct{}
+	done  chan struct{}
+	reply *oncrpc.Reply
+	err   error
 }
 
 // marshal decides how call travels (RFC 8166 s3.5, the choices of a

@@ -374,7 +374,7 @@ func (c *serverConn) rdmaRead(segs []ReadSegment) ([]byte, error) {
 		total += int(s.Length)
 	}
 	if total > maxChunkBytes {
-		return nil, fmt.Errorf("Read chunk of %d bytes", total)
+		return nil, fmt.Errorf("read chunk of %d bytes exceeds the %d-byte limit", total, maxChunkBytes)
 	}
 	buf := make([]byte, total)
 	if total == 0 {
