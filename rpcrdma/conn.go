@@ -47,7 +47,24 @@ type conn struct {
 func (t *Transport) dial(ctx context.Context) (*conn, error) {
 	ours := PrivateData{Version: privDataVersion, RemoteInvalidate: t.cfg.AcceptInvalidate,
 		InlineSend: t.cfg.InlineSend, InlineRecv: t.cfg.InlineRecv}
-	params := &verbs.ConnParams{PD: t.pd, PrivateData: ours.Marshal(), CRC: t.cfg.CRC, IRD: t.cfg.IRD, ORD: t.cfg.ORD}
+	// Post a receive for every credit we may be granted plus the
+	// backward direction's calls (RFC 8167 s4.1), in Setup: before the
+	// connection is up, so nothing the peer sends finds no buffer.
+	recvSize := t.cfg.InlineRecv
+	recvBufs := make([][]byte, t.cfg.Credits+t.cfg.BackchannelSlots)
+	slab := make([]byte, len(recvBufs)*recvSize)
+	for i := range recvBufs {
+		recvBufs[i] = slab[i*recvSize : (i+1)*recvSize : (i+1)*recvSize]
+	}
+	setup := func(qp verbs.QueuePair) error {
+		for i, b := range recvBufs {
+			if err := qp.PostRecv(uint64(i), b); err != nil {
+				return fmt.Errorf("rpcrdma: post receive: %w", err)
+			}
+		}
+		return nil
+	}
+	params := &verbs.ConnParams{PD: t.pd, PrivateData: ours.Marshal(), CRC: t.cfg.CRC, IRD: t.cfg.IRD, ORD: t.cfg.ORD, Setup: setup}
 	dctx, cancel := context.WithTimeout(ctx, t.cfg.DialTimeout)
 	defer cancel()
 	qp, err := t.cfg.Provider.Dial(dctx, t.addr, params)
@@ -73,18 +90,7 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 	}
 	c.neg = t.startNegotiation(c.privSendSize)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	// Post a receive for every credit we may be granted plus the
-	// backward direction's calls (RFC 8167 s4.1) before the first Send.
-	n := t.cfg.Credits + t.cfg.BackchannelSlots
-	c.recvBufs = make([][]byte, n)
-	slab := make([]byte, n*c.recvSize)
-	for i := range c.recvBufs {
-		c.recvBufs[i] = slab[i*c.recvSize : (i+1)*c.recvSize : (i+1)*c.recvSize]
-		if err := qp.PostRecv(uint64(i), c.recvBufs[i]); err != nil {
-			qp.Close()
-			return nil, fmt.Errorf("rpcrdma: post receive: %w", err)
-		}
-	}
+	c.recvBufs = recvBufs
 	t.tracef(trace.RDMA, "connect %s: peer private data found=%v send=%d recv=%d inv=%v; ours send=%d recv=%d credits=%d crc=%v version=%s",
 		t.addr, found, peer.InlineSend, peer.InlineRecv, peer.RemoteInvalidate, c.neg.sendSize, c.recvSize, t.cfg.Credits, qp.CRC(), c.neg.state())
 	go c.recvLoop()

@@ -42,6 +42,9 @@ func (h echoHandler) HandleCall(msg []byte) []byte {
 	}
 	d := xdr.NewDecoder(args)
 	var e xdr.Encoder
+	if ch.Proc == procSource || ch.Proc == procEcho {
+		e.Reset(make([]byte, 0, len(args)+128+int(xdr.NewDecoder(args).Uint32())%(65<<20)))
+	}
 	switch ch.Proc {
 	case procEcho:
 		data := d.Opaque(64 << 20)

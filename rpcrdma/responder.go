@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -76,6 +77,8 @@ type Responder struct {
 
 	// Calls counts calls handled; MaxInFlight is the most calls that were
 	// ever between arrival and reply on one connection.
+	recvBufs sync.Map // verbs.QueuePair -> [][]byte posted by setupQP
+
 	calls       atomic.Uint64
 	maxInFlight atomic.Int64
 	sendInvs    atomic.Uint64
@@ -107,7 +110,9 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 	}
 	s := &Responder{cfg: cfg, pd: verbs.NewProtectionDomain(), conns: make(map[*serverConn]struct{})}
 	ours := PrivateData{Version: privDataVersion, RemoteInvalidate: false, InlineSend: cfg.InlineSend, InlineRecv: cfg.InlineRecv}
-	ln, err := cfg.Provider.Listen(addr, &verbs.ConnParams{PD: s.pd, PrivateData: ours.Marshal()})
+	// Receive buffers are posted in Setup, before the connection is
+	// accepted: the requester's first Send must find one (RFC 5040 s5.3).
+	ln, err := cfg.Provider.Listen(addr, &verbs.ConnParams{PD: s.pd, PrivateData: ours.Marshal(), Setup: s.setupQP})
 	if err != nil {
 		return nil, fmt.Errorf("rpcrdma: listen %s: %w", addr, err)
 	}
@@ -147,6 +152,19 @@ func (s *Responder) DropConnections() {
 	}
 }
 
+// setupQP posts a new connection's receive buffers before it is accepted.
+func (s *Responder) setupQP(qp verbs.QueuePair) error {
+	bufs := make([][]byte, s.cfg.Credits+4)
+	for i := range bufs {
+		bufs[i] = make([]byte, s.cfg.InlineRecv)
+		if err := qp.PostRecv(uint64(i), bufs[i]); err != nil {
+			return err
+		}
+	}
+	s.recvBufs.Store(qp, bufs)
+	return nil
+}
+
 func (s *Responder) acceptLoop() {
 	defer s.wg.Done()
 	for {
@@ -159,7 +177,12 @@ func (s *Responder) acceptLoop() {
 			qp.Close()
 			continue
 		}
-		c := &serverConn{s: s, qp: qp, privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
+		bufs, ok := s.recvBufs.LoadAndDelete(qp)
+		if !ok {
+			qp.Close()
+			continue
+		}
+		c := &serverConn{s: s, qp: qp, recvBufs: bufs.([][]byte), privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
 			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars}
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
@@ -181,6 +204,8 @@ type serverConn struct {
 	qp       verbs.QueuePair
 	privSend int  // version-1 send threshold from RFC 8797 private data
 	peerInv  bool // version 1: the requester accepts Send With Invalidate
+
+	recvBufs [][]byte // posted by Responder.setupQP, owned by serve
 
 	mu        sync.Mutex // guards the version-2 state below
 	vers      uint32     // 0 until the first call, then its version
@@ -204,13 +229,7 @@ func (c *serverConn) tracef(format string, args ...any) {
 
 func (c *serverConn) serve() {
 	defer c.qp.Close()
-	bufs := make([][]byte, c.s.cfg.Credits+4)
-	for i := range bufs {
-		bufs[i] = make([]byte, c.recvSize)
-		if c.qp.PostRecv(uint64(i), bufs[i]) != nil {
-			return
-		}
-	}
+	bufs := c.recvBufs
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go c.sendLoop(ctx)
@@ -284,23 +303,30 @@ func (c *serverConn) handle(msg []byte) {
 	if mt, ok := oncrpc.MessageType(msg[hlen:]); ok && mt == oncrpc.MsgReply && h.Proc == ProcMsg {
 		return // a reply to a backward call; this responder makes none
 	}
+	// A call is in flight from its arrival until its reply is about to
+	// go out: the requester cannot send the next one before that reply.
 	depth := c.inFlight.Add(1)
-	defer c.inFlight.Add(-1)
+	var leaveOnce sync.Once
+	leave := func() { leaveOnce.Do(func() { c.inFlight.Add(-1) }) }
+	defer leave()
 	for {
 		m := c.s.maxInFlight.Load()
 		if depth <= m || c.s.maxInFlight.CompareAndSwap(m, depth) {
 			break
 		}
 	}
-	call, err := c.pullReadChunks(&h, msg[hlen:])
+	call, release, err := c.pullReadChunks(&h, msg[hlen:])
 	if err != nil {
 		c.tracef("xid=%#x: %v", h.XID, err)
+		leave()
 		c.sendError(&h, ErrChunk)
 		return
 	}
+	defer release()
 	if f := c.s.cfg.Filter; f != nil {
 		switch f(h.XID, call) {
 		case RejectCall:
+			leave()
 			c.sendError(&h, ErrChunk)
 			return
 		case DropCall:
@@ -315,9 +341,11 @@ func (c *serverConn) handle(msg []byte) {
 	if reply == nil {
 		return
 	}
+	leave()
 	if err := c.sendReply(&h, call, reply); err != nil {
 		c.tracef("xid=%#x: reply: %v", h.XID, err)
 		if errors.Is(err, ErrChunkRejected) {
+			leave()
 			c.sendError(&h, ErrChunk)
 		}
 	}
@@ -326,63 +354,90 @@ func (c *serverConn) handle(msg []byte) {
 	}
 }
 
-// pullReadChunks rebuilds the whole call: RDMA-Reads each Read chunk and
-// puts its data (and the XDR padding the requester left out, RFC 8166
-// s3.4.5) at its position in the payload stream.
-func (c *serverConn) pullReadChunks(h *Header, inline []byte) ([]byte, error) {
+// pullReadChunks rebuilds the whole call: it RDMA-Reads each Read chunk
+// straight to its position in the payload stream, after which come the
+// XDR padding the requester left out (RFC 8166 s3.4.5) and the rest of
+// the inline part. The returned release gives the buffer back.
+func (c *serverConn) pullReadChunks(h *Header, inline []byte) (call []byte, release func(), err error) {
 	if len(h.Reads) == 0 {
 		if h.Proc == ProcNoMsg {
-			return nil, errors.New("RDMA_NOMSG without a Read chunk")
+			return nil, nil, errors.New("RDMA_NOMSG without a Read chunk")
 		}
-		return inline, nil
-	}
-	if h.Proc == ProcNoMsg {
-		for _, r := range h.Reads {
-			if r.Position != 0 {
-				return nil, fmt.Errorf("RDMA_NOMSG with a Read chunk at position %d", r.Position)
-			}
-		}
-		return c.rdmaRead(h.Reads)
+		return inline, func() {}, nil
 	}
 	pos := h.Reads[0].Position
+	total := 0
 	for _, r := range h.Reads {
 		if r.Position != pos {
-			return nil, errors.New("more than one Read chunk")
+			return nil, nil, errors.New("more than one Read chunk")
 		}
+		total += int(r.Length)
+	}
+	if h.Proc == ProcNoMsg && pos != 0 {
+		return nil, nil, fmt.Errorf("RDMA_NOMSG with a Read chunk at position %d", pos)
+	}
+	if h.Proc == ProcNoMsg {
+		inline = nil // RFC 8166 s3.5.3: the chunk is the whole call
 	}
 	if pos%4 != 0 || int(pos) > len(inline) {
 		// RFC 8166 s3.4.5: positions are multiples of four inside the
 		// payload stream.
-		return nil, fmt.Errorf("bad Read chunk position %d (payload %d bytes)", pos, len(inline))
+		return nil, nil, fmt.Errorf("bad Read chunk position %d (payload %d bytes)", pos, len(inline))
 	}
-	data, err := c.rdmaRead(h.Reads)
-	if err != nil {
-		return nil, err
+	if total > maxChunkBytes {
+		return nil, nil, fmt.Errorf("read chunk of %d bytes exceeds the %d-byte limit", total, maxChunkBytes)
 	}
-	call := make([]byte, 0, len(inline)+len(data)+3)
-	call = append(call, inline[:pos]...)
-	call = append(call, data...)
-	call = append(call, zeroPad[:xdr.Pad(len(data))]...)
-	return append(call, inline[pos:]...), nil
+	pad := xdr.Pad(total)
+	if h.Proc == ProcNoMsg {
+		pad = 0 // a Position-Zero Read chunk carries its own padding (s3.5.3)
+	}
+	bp := getCallBuf(len(inline) + total + pad)
+	buf := *bp
+	copy(buf, inline[:pos])
+	if err := c.rdmaRead(h.Reads, buf[pos:int(pos)+total]); err != nil {
+		putCallBuf(bp)
+		return nil, nil, err
+	}
+	copy(buf[int(pos)+total:], zeroPad[:pad])
+	copy(buf[int(pos)+total+pad:], inline[pos:])
+	return buf, func() { putCallBuf(bp) }, nil
 }
 
 const maxChunkBytes = 64 << 20
 
-func (c *serverConn) rdmaRead(segs []ReadSegment) ([]byte, error) {
-	total := 0
-	for _, s := range segs {
-		total += int(s.Length)
+// callBufs pools the buffers calls are rebuilt in, by power-of-two size.
+var callBufs [28]sync.Pool
+
+func getCallBuf(n int) *[]byte {
+	class := bits.Len(uint(max(n, 1) - 1))
+	if class >= len(callBufs) {
+		b := make([]byte, n)
+		return &b
 	}
-	if total > maxChunkBytes {
-		return nil, fmt.Errorf("read chunk of %d bytes exceeds the %d-byte limit", total, maxChunkBytes)
+	if v := callBufs[class].Get(); v != nil {
+		bp := v.(*[]byte)
+		*bp = (*bp)[:n]
+		return bp
 	}
-	buf := make([]byte, total)
-	if total == 0 {
-		return buf, nil
+	b := make([]byte, n, 1<<class)
+	return &b
+}
+
+func putCallBuf(bp *[]byte) {
+	class := bits.Len(uint(max(cap(*bp), 1) - 1))
+	if class < len(callBufs) && cap(*bp) == 1<<class {
+		callBufs[class].Put(bp)
 	}
-	mr, err := c.s.pd.RegisterMemory(buf, verbs.AccessLocalWrite)
+}
+
+// rdmaRead reads the segments, in order, into dst (RFC 5040 RDMA Read).
+func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	mr, err := c.s.pd.RegisterMemory(dst, verbs.AccessLocalWrite)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer mr.Deregister()
 	off := 0
@@ -395,7 +450,7 @@ func (c *serverConn) rdmaRead(segs []ReadSegment) ([]byte, error) {
 		err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpRDMARead, RemoteSTag: s.Handle,
 			RemoteOffset: s.Offset, LocalMR: mr, LocalOffset: uint64(off), Length: s.Length})
 		if err != nil {
-			return nil, fmt.Errorf("RDMA Read: %w", err)
+			return fmt.Errorf("RDMA Read: %w", err)
 		}
 		off += int(s.Length)
 	}
@@ -403,13 +458,13 @@ func (c *serverConn) rdmaRead(segs []ReadSegment) ([]byte, error) {
 		select {
 		case w := <-ch:
 			if w.Status != verbs.StatusSuccess {
-				return nil, fmt.Errorf("RDMA Read: %v", w.Status)
+				return fmt.Errorf("RDMA Read: %v", w.Status)
 			}
 		case <-c.qp.Done():
-			return nil, fmt.Errorf("RDMA Read: %w", c.qp.Err())
+			return fmt.Errorf("RDMA Read: %w", c.qp.Err())
 		}
 	}
-	return buf, nil
+	return nil
 }
 
 // sendReply returns reply through the chunks the call offered (RFC 8166

@@ -1,0 +1,345 @@
+package iwarp
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// Defaults.
+const (
+	defaultDepth = 16
+	// defaultMaxULPDU is the largest ULPDU we send: near the 16-bit MPA
+	// length limit (RFC 5044 s4.1). Linux siw accepts any FPDU size.
+	defaultMaxULPDU = 65536 - 64
+	minMaxULPDU     = 64
+	readerSize      = 32 << 10
+	// teardownWait bounds how long a Terminate may take to leave and
+	// how long we drain the stream after one.
+	teardownWait = 5 * time.Second
+)
+
+// sqEntry is a posted send work request.
+type sqEntry struct {
+	wr      verbs.SendWR
+	done    bool
+	status  verbs.Status
+	byteLen uint32
+}
+
+// recvEntry is a posted receive buffer.
+type recvEntry struct {
+	wrid uint64
+	buf  []byte
+}
+
+// readCtx is an outbound RDMA Read awaiting its Read Response.
+type readCtx struct {
+	seq      uint64
+	sinkSTag uint32
+	sinkTO   uint64
+	size     uint32
+	got      uint32
+}
+
+// QP is an iWARP queue pair: one TCP connection carrying MPA, DDP and
+// RDMAP. It implements verbs.QueuePair.
+type QP struct {
+	conn     net.Conn
+	br       *bufio.Reader
+	w        fpduWriter
+	pd       *verbs.ProtectionDomain
+	scq, rcq *verbs.CompletionQueue
+	crc      bool
+	ird, ord int
+	maxULPDU int
+	peerPD   []byte
+
+	mu        sync.Mutex
+	cond      sync.Cond // the tx goroutine waits here for work or ORD credit
+	err       error
+	done      chan struct{}
+	sq        ring[sqEntry]
+	sqHeadSeq uint64 // sequence number of sq.at(0)
+	sqNextSeq uint64 // next entry to transmit
+	orq       ring[readCtx]
+	reads     int // outbound reads in flight
+	rq        ring[recvEntry]
+	rxExited  bool
+	txExited  bool
+
+	// Inbound RDMA Read Requests waiting for the responder, at most IRD.
+	irq       chan readRequest
+	irqCount  atomic.Int32
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+
+	// Instrumentation for tests.
+	maxReads    atomic.Int32 // most outbound reads in flight at once
+	maxIRQ      atomic.Int32 // most inbound reads queued at once
+	termWritten chan struct{}
+	termStarted atomic.Bool
+	rxSeen      atomic.Bool  // an FPDU has arrived
+	kicks       atomic.Int32 // zero-length Writes sent by kickLoop
+	kick        bool         // active side: run kickLoop after the first transmission
+	kickStarted bool         // owned by the tx goroutine
+
+	// Used by the tx goroutine only.
+	sendMSN, readMSN uint32
+	txHdr            [untaggedHdrLen + readReqLen]byte
+	txPieces         [][]byte
+}
+
+var _ verbs.QueuePair = (*QP)(nil)
+
+func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
+	q := &QP{
+		conn: conn, br: br, pd: p.pd, scq: p.scq, rcq: p.rcq,
+		crc: n.crc, ird: n.ird, ord: n.ord, maxULPDU: p.maxULPDU, peerPD: n.peerPD, kick: n.active,
+		done:        make(chan struct{}),
+		irq:         make(chan readRequest, max(n.ird, 1)),
+		termWritten: make(chan struct{}),
+		sendMSN:     1, readMSN: 1,
+	}
+	if q.pd == nil {
+		q.pd = verbs.NewProtectionDomain()
+	}
+	if q.scq == nil {
+		q.scq = verbs.NewCompletionQueue()
+	}
+	if q.rcq == nil {
+		q.rcq = verbs.NewCompletionQueue()
+	}
+	q.cond.L = &q.mu
+	q.w.conn, q.w.crc = conn, n.crc
+	return q
+}
+
+// start starts the queue pair's goroutines.
+func (q *QP) start() {
+	q.wg.Add(3)
+	go q.rxLoop()
+	go q.txLoop()
+	go q.respLoop()
+}
+
+// abort breaks a queue pair that was never started and flushes what
+// Setup posted.
+func (q *QP) abort(err error) {
+	q.setErr(err)
+	q.mu.Lock()
+	q.rxExited, q.txExited = true, true
+	q.flushRecvLocked(verbs.StatusFlushed)
+	q.mu.Unlock()
+	q.closeOnce.Do(func() {})
+}
+
+// PostSend implements verbs.QueuePair.
+func (q *QP) PostSend(wr verbs.SendWR) error {
+	switch wr.Opcode {
+	case verbs.OpSend, verbs.OpSendWithInvalidate, verbs.OpRDMAWrite:
+		var n uint64
+		for _, b := range wr.SGL {
+			n += uint64(len(b))
+		}
+		if n > 1<<32-1 {
+			return fmt.Errorf("iwarp: post %v of %d bytes: %w", wr.Opcode, n, verbs.ErrInvalidWR)
+		}
+	case verbs.OpRDMARead:
+		if wr.LocalMR == nil || wr.LocalMR.PD() != q.pd || wr.LocalMR.Access()&verbs.AccessLocalWrite == 0 {
+			return fmt.Errorf("iwarp: post RDMA Read: sink region missing, of another PD or without local write access: %w", verbs.ErrInvalidWR)
+		}
+		if wr.LocalOffset > uint64(wr.LocalMR.Len()) || uint64(wr.Length) > uint64(wr.LocalMR.Len())-wr.LocalOffset {
+			return fmt.Errorf("iwarp: post RDMA Read of %d bytes at %d into %d-byte region: %w",
+				wr.Length, wr.LocalOffset, wr.LocalMR.Len(), verbs.ErrInvalidWR)
+		}
+		if q.ord == 0 {
+			return fmt.Errorf("iwarp: post RDMA Read: negotiated ORD is 0: %w", verbs.ErrInvalidWR)
+		}
+	default:
+		return fmt.Errorf("iwarp: post send opcode %v: %w", wr.Opcode, verbs.ErrInvalidWR)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err != nil {
+		q.sq.push(sqEntry{wr: wr, done: true, status: verbs.StatusFlushed})
+		q.releaseLocked()
+		return nil
+	}
+	q.sq.push(sqEntry{wr: wr})
+	q.cond.Broadcast()
+	return nil
+}
+
+// PostRecv implements verbs.QueuePair.
+func (q *QP) PostRecv(wrid uint64, buf []byte) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.rxExited {
+		q.rcq.Push(verbs.Completion{WRID: wrid, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
+		return nil
+	}
+	q.rq.push(recvEntry{wrid: wrid, buf: buf})
+	return nil
+}
+
+// completeSend records the end of send queue entry seq and releases
+// completions in posting order.
+func (q *QP) completeSend(seq uint64, st verbs.Status, n uint32) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if seq < q.sqHeadSeq {
+		return
+	}
+	e := q.sq.at(int(seq - q.sqHeadSeq))
+	if e.done {
+		return
+	}
+	e.done, e.status, e.byteLen = true, st, n
+	q.releaseLocked()
+}
+
+// releaseLocked delivers finished send completions from the head: a send
+// queue completes in order even when a later request finished first.
+func (q *QP) releaseLocked() {
+	for q.sq.len() > 0 && q.sq.at(0).done {
+		e := q.sq.pop()
+		q.sqHeadSeq++
+		c := verbs.Completion{WRID: e.wr.WRID, Status: e.status, Opcode: e.wr.Opcode}
+		if e.status == verbs.StatusSuccess {
+			c.ByteLen = e.byteLen
+		}
+		q.scq.Push(c)
+	}
+}
+
+// setErr moves the queue pair to the error state; only the first error
+// sticks. It reports whether err was the first.
+func (q *QP) setErr(err error) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err != nil {
+		return false
+	}
+	q.err = err
+	close(q.done)
+	q.cond.Broadcast()
+	return true
+}
+
+// flushSendLocked, run by the exiting tx goroutine, flushes every send
+// entry not finished, except reads the rx goroutine still owns.
+func (q *QP) flushSendLocked() {
+	for i := 0; i < q.sq.len(); i++ {
+		e := q.sq.at(i)
+		seq := q.sqHeadSeq + uint64(i)
+		if e.done || (seq < q.sqNextSeq && e.wr.Opcode == verbs.OpRDMARead && !q.rxExited) {
+			continue
+		}
+		e.done, e.status = true, verbs.StatusFlushed
+	}
+	q.releaseLocked()
+}
+
+// flushRecvLocked, run by the exiting rx goroutine, flushes posted
+// receives and the outbound reads awaiting responses. The first
+// outstanding read gets st; the others are flushed.
+func (q *QP) flushRecvLocked(st verbs.Status) {
+	for q.rq.len() > 0 {
+		e := q.rq.pop()
+		q.rcq.Push(verbs.Completion{WRID: e.wrid, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
+	}
+	for q.orq.len() > 0 {
+		r := q.orq.pop()
+		if r.seq >= q.sqHeadSeq {
+			e := q.sq.at(int(r.seq - q.sqHeadSeq))
+			if !e.done {
+				e.done, e.status = true, st
+			}
+		}
+		st = verbs.StatusFlushed
+	}
+	if q.txExited {
+		q.flushSendLocked()
+	}
+	q.releaseLocked()
+}
+
+// SendCQ implements verbs.QueuePair.
+func (q *QP) SendCQ() *verbs.CompletionQueue { return q.scq }
+
+// RecvCQ implements verbs.QueuePair.
+func (q *QP) RecvCQ() *verbs.CompletionQueue { return q.rcq }
+
+// PD implements verbs.QueuePair.
+func (q *QP) PD() *verbs.ProtectionDomain { return q.pd }
+
+// PeerPrivateData implements verbs.QueuePair.
+func (q *QP) PeerPrivateData() []byte { return q.peerPD }
+
+// IRD implements verbs.QueuePair.
+func (q *QP) IRD() int { return q.ird }
+
+// ORD implements verbs.QueuePair.
+func (q *QP) ORD() int { return q.ord }
+
+// CRC implements verbs.QueuePair.
+func (q *QP) CRC() bool { return q.crc }
+
+// LocalAddr implements verbs.QueuePair.
+func (q *QP) LocalAddr() net.Addr { return q.conn.LocalAddr() }
+
+// RemoteAddr implements verbs.QueuePair.
+func (q *QP) RemoteAddr() net.Addr { return q.conn.RemoteAddr() }
+
+// Err implements verbs.QueuePair.
+func (q *QP) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+// Done implements verbs.QueuePair.
+func (q *QP) Done() <-chan struct{} { return q.done }
+
+// Close implements verbs.QueuePair.
+func (q *QP) Close() error {
+	q.closeOnce.Do(func() {
+		q.setErr(fmt.Errorf("iwarp: queue pair: %w", verbs.ErrClosed))
+		_ = q.conn.Close()
+		q.wg.Wait()
+	})
+	return nil
+}
+
+// terminate sends a Terminate (RFC 5040 s5.3/s7) for a locally detected
+// error and moves the queue pair to the error state. It returns at once;
+// the Terminate is written by its own goroutine.
+func (q *QP) terminate(t Terminate, cause error) bool {
+	if !q.setErr(&TerminateError{Terminate: t, Sent: true, Cause: cause}) {
+		return false
+	}
+	q.termStarted.Store(true)
+	q.wg.Add(1)
+	go func() {
+		defer q.wg.Done()
+		defer close(q.termWritten)
+		// Unblock a sender stuck on a full socket, then write.
+		_ = q.conn.SetWriteDeadline(time.Now().Add(teardownWait))
+		var hb [untaggedHdrLen]byte
+		putUntagged(hb[:], true, opTerminate, 0, qnTerminate, 1, 0)
+		var pb [4 + 2 + untaggedHdrLen + readReqLen]byte
+		_ = q.w.write(hb[:], t.marshal(pb[:0]))
+		if cw, ok := q.conn.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		// The rx goroutine drains until the peer closes; bound it.
+		_ = q.conn.SetReadDeadline(time.Now().Add(teardownWait))
+	}()
+	return true
+}

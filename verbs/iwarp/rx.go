@@ -1,0 +1,364 @@
+package iwarp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// rxFault is a protocol violation detected on the receive side: the
+// Terminate to send and the reason.
+type rxFault struct {
+	t     Terminate
+	cause error
+}
+
+// Error describes the fault.
+func (f *rxFault) Error() string { return fmt.Sprintf("%v: %v", &f.t, f.cause) }
+
+// rxState is owned by the rx goroutine.
+type rxState struct {
+	hdr     [2 + untaggedHdrLen]byte
+	tail    [8]byte
+	rr      [readReqLen]byte
+	tp      [256]byte
+	ulen    int
+	crc     uint32
+	sendMSN uint32 // next expected MSN on QN 0
+	readMSN uint32 // next expected MSN on QN 1
+	active  bool   // a Send message is being reassembled
+	cur     recvEntry
+	curLen  uint32
+	seen    bool // an FPDU arrived (mirrors QP.rxSeen)
+}
+
+// rxLoop reads FPDUs until the stream ends, then flushes what the
+// receive side owns.
+func (q *QP) rxLoop() {
+	defer q.wg.Done()
+	rs := &rxState{sendMSN: 1, readMSN: 1}
+	err := q.receive(rs)
+	readStatus := verbs.StatusFlushed
+	var fault *rxFault
+	var term *TerminateError
+	switch {
+	case errors.As(err, &fault):
+		if q.terminate(fault.t, fault.cause) {
+			// Drain until the peer closes (or the deadline the
+			// terminate goroutine sets) so that closing does not
+			// reset the connection under the Terminate.
+			_, _ = io.Copy(io.Discard, q.br)
+		}
+		readStatus = verbs.StatusFatalErr
+	case errors.As(err, &term):
+		q.setErr(term)
+		readStatus = term.status()
+	default:
+		q.setErr(fmt.Errorf("iwarp: receive: %w: %w", verbs.ErrConnectionLost, err))
+	}
+	if q.termStarted.Load() {
+		<-q.termWritten
+	}
+	_ = q.conn.Close()
+	q.mu.Lock()
+	q.rxExited = true
+	q.flushRecvLocked(readStatus)
+	q.mu.Unlock()
+}
+
+// fault builds an rxFault for the current FPDU.
+func (rs *rxState) fault(layer, etype, code byte, cause error) *rxFault {
+	hl := headerLen(rs.hdr[2])
+	t := Terminate{Layer: layer, EType: etype, Code: code, SegLenValid: true, SegLen: uint16(rs.ulen),
+		DDPHeader: append([]byte(nil), rs.hdr[2:2+hl]...)}
+	return &rxFault{t: t, cause: cause}
+}
+
+// taggedCode maps a region lookup error to a DDP tagged buffer error code
+// (RFC 5040 s7; insufficient rights map to Invalid STag as in Linux siw).
+func taggedCode(err error) byte {
+	if errors.Is(err, verbs.ErrBounds) {
+		return DDPCodeTBaseBounds
+	}
+	return DDPCodeTInvalidSTag
+}
+
+// receive is the receive loop; it returns why the stream ended.
+func (q *QP) receive(rs *rxState) error {
+	for {
+		if _, err := io.ReadFull(q.br, rs.hdr[:4]); err != nil {
+			return err
+		}
+		if !rs.seen {
+			rs.seen = true
+			q.rxSeen.Store(true)
+		}
+		// RFC 5044 s4.1: ULPDU_Length counts the ULPDU only.
+		rs.ulen = int(binary.BigEndian.Uint16(rs.hdr[:]))
+		hl := headerLen(rs.hdr[2])
+		if rs.ulen < hl {
+			return &rxFault{t: Terminate{Layer: LayerDDP, EType: DDPEtypeCatastrophic, SegLenValid: true, SegLen: uint16(rs.ulen)},
+				cause: fmt.Errorf("%w: ULPDU of %d bytes is shorter than its %d-byte header", errDDP, rs.ulen, hl)}
+		}
+		if _, err := io.ReadFull(q.br, rs.hdr[4:2+hl]); err != nil {
+			return err
+		}
+		h, err := parseDDPHeader(rs.hdr[2 : 2+hl])
+		if err != nil {
+			return rs.fault(LayerDDP, DDPEtypeCatastrophic, 0, err)
+		}
+		if q.crc {
+			rs.crc = crc32.Update(0, castagnoli, rs.hdr[:2+hl])
+		}
+		n := rs.ulen - hl
+		// RFC 5041 s4.2 / RFC 5040 s4.2: versions must be 1.
+		if h.ddpVer() != ddpVersion {
+			if h.tagged() {
+				return rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTVersion, fmt.Errorf("%w: DDP version %d", errDDP, h.ddpVer()))
+			}
+			return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUVersion, fmt.Errorf("%w: DDP version %d", errDDP, h.ddpVer()))
+		}
+		if h.rdmapVer() != rdmapVersion {
+			return rs.fault(LayerRDMAP, RDMAPEtypeRemoteOperation, RDMAPCodeInvalidVersion, fmt.Errorf("%w: RDMAP version %d", errDDP, h.rdmapVer()))
+		}
+		if h.tagged() {
+			err = q.rxTagged(rs, &h, n)
+		} else {
+			err = q.rxUntagged(rs, &h, n)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// readTrailer reads pad and CRC and checks the CRC (RFC 5044 s4.4).
+func (q *QP) readTrailer(rs *rxState) error {
+	pad := -(2 + rs.ulen) & 3
+	if _, err := io.ReadFull(q.br, rs.tail[:pad+4]); err != nil {
+		return err
+	}
+	if !q.crc {
+		return nil
+	}
+	c := crc32.Update(rs.crc, castagnoli, rs.tail[:pad])
+	if got := binary.LittleEndian.Uint32(rs.tail[pad:]); got != c {
+		return rs.fault(LayerLLP, LLPEtypeMPA, LLPCodeCRC, fmt.Errorf("iwarp: MPA CRC %#08x, computed %#08x", got, c))
+	}
+	return nil
+}
+
+// place reads n payload bytes straight into dst (no intermediate copy)
+// and folds them into the CRC.
+func (q *QP) place(rs *rxState, dst []byte) error {
+	if _, err := io.ReadFull(q.br, dst); err != nil {
+		return err
+	}
+	if q.crc {
+		rs.crc = crc32.Update(rs.crc, castagnoli, dst)
+	}
+	return nil
+}
+
+// rxTagged handles RDMA Write and RDMA Read Response segments (RFC 5040
+// s5.1, s5.2; RFC 5041 s5.1 tagged buffer model).
+func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
+	switch h.opcode() {
+	case opWrite:
+		if n > 0 {
+			// RFC 5041 s5.3: STag, rights and bounds are checked
+			// for every tagged segment; nothing lands outside.
+			dst, err := q.pd.Resolve(h.stag, verbs.AccessRemoteWrite, h.to, uint64(n))
+			if err != nil {
+				return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("inbound RDMA Write: %w", err))
+			}
+			if err := q.place(rs, dst); err != nil {
+				return err
+			}
+		}
+		return q.readTrailer(rs)
+	case opReadResp:
+		// RFC 5040 s5.2: Read Responses arrive in request order;
+		// each segment must continue the oldest outstanding read.
+		q.mu.Lock()
+		if q.orq.len() == 0 {
+			q.mu.Unlock()
+			return rs.fault(LayerRDMAP, RDMAPEtypeRemoteOperation, RDMAPCodeUnexpectedOpcode, errors.New("iwarp: RDMA Read Response without a request"))
+		}
+		r := *q.orq.at(0)
+		q.mu.Unlock()
+		switch {
+		case h.stag != r.sinkSTag:
+			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTInvalidSTag, fmt.Errorf("iwarp: Read Response to STag %#08x, expected %#08x", h.stag, r.sinkSTag))
+		case h.to != r.sinkTO+uint64(r.got) || uint64(n) > uint64(r.size-r.got) || (h.last() && r.got+uint32(n) != r.size):
+			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTBaseBounds, fmt.Errorf("iwarp: Read Response [%d,+%d) does not continue [%d,+%d) at %d", h.to, n, r.sinkTO, r.size, r.got))
+		}
+		if n > 0 {
+			dst, err := q.pd.Resolve(h.stag, verbs.AccessLocalWrite, h.to, uint64(n))
+			if err != nil {
+				return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("inbound Read Response sink: %w", err))
+			}
+			if err := q.place(rs, dst); err != nil {
+				return err
+			}
+		}
+		if err := q.readTrailer(rs); err != nil {
+			return err
+		}
+		q.mu.Lock()
+		q.orq.at(0).got += uint32(n)
+		if h.last() {
+			q.orq.pop()
+			q.reads--
+			q.cond.Broadcast()
+		}
+		q.mu.Unlock()
+		if h.last() {
+			q.completeSend(r.seq, verbs.StatusSuccess, r.size)
+		}
+		return nil
+	default:
+		return rs.fault(LayerRDMAP, RDMAPEtypeRemoteOperation, RDMAPCodeUnexpectedOpcode, fmt.Errorf("iwarp: tagged segment with opcode %d", h.opcode()))
+	}
+}
+
+// rxUntagged handles Sends, Read Requests and Terminates (RFC 5041 s5.2
+// untagged buffer model, RFC 5040 s5).
+func (q *QP) rxUntagged(rs *rxState, h *ddpHeader, n int) error {
+	op := h.opcode()
+	var wantQN uint32
+	switch op {
+	case opSend, opSendInv, opSendSE, opSendSEInv:
+		wantQN = qnSend
+	case opReadReq:
+		wantQN = qnReadReq
+	case opTerminate:
+		wantQN = qnTerminate
+	default:
+		return rs.fault(LayerRDMAP, RDMAPEtypeRemoteOperation, RDMAPCodeUnexpectedOpcode, fmt.Errorf("iwarp: untagged segment with opcode %d", op))
+	}
+	if h.qn != wantQN {
+		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUInvalidQN, fmt.Errorf("iwarp: opcode %d on QN %d", op, h.qn))
+	}
+	switch wantQN {
+	case qnSend:
+		return q.rxSend(rs, h, n)
+	case qnReadReq:
+		return q.rxReadRequest(rs, h, n)
+	default:
+		return q.rxTerminate(rs, n)
+	}
+}
+
+func (q *QP) rxSend(rs *rxState, h *ddpHeader, n int) error {
+	if h.msn != rs.sendMSN {
+		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUMSNRange, fmt.Errorf("iwarp: Send MSN %d, expected %d", h.msn, rs.sendMSN))
+	}
+	if !rs.active {
+		// RFC 5040 s5.3/RFC 5041 s5.2: a Send needs a posted buffer;
+		// none is a protocol error, not a silent drop.
+		q.mu.Lock()
+		if q.rq.len() == 0 {
+			q.mu.Unlock()
+			return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUNoBuffer, fmt.Errorf("iwarp: Send MSN %d: no receive buffer posted", h.msn))
+		}
+		rs.cur = *q.rq.at(0)
+		q.mu.Unlock()
+		rs.active, rs.curLen = true, 0
+	}
+	size := uint64(len(rs.cur.buf))
+	if uint64(h.mo) > size {
+		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUInvalidMO, fmt.Errorf("iwarp: Send MO %d beyond %d-byte buffer", h.mo, size))
+	}
+	if uint64(h.mo)+uint64(n) > size {
+		q.mu.Lock()
+		q.rq.pop()
+		q.mu.Unlock()
+		q.rcq.Push(verbs.Completion{WRID: rs.cur.wrid, Status: verbs.StatusLocalLengthErr, Opcode: verbs.OpRecv})
+		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUTooLong, fmt.Errorf("iwarp: Send of at least %d bytes into %d-byte buffer", uint64(h.mo)+uint64(n), size))
+	}
+	if err := q.place(rs, rs.cur.buf[h.mo:h.mo+uint32(n)]); err != nil {
+		return err
+	}
+	if err := q.readTrailer(rs); err != nil {
+		return err
+	}
+	rs.curLen = max(rs.curLen, h.mo+uint32(n))
+	if !h.last() {
+		return nil
+	}
+	c := verbs.Completion{WRID: rs.cur.wrid, Opcode: verbs.OpRecv, ByteLen: rs.curLen}
+	if op := h.opcode(); op == opSendInv || op == opSendSEInv {
+		// RFC 5040 s5.3: invalidate the STag named in the header
+		// before the receive completes.
+		if err := q.pd.InvalidateRemote(h.rsvd); err != nil {
+			return rs.fault(LayerRDMAP, RDMAPEtypeRemoteProtection, RDMAPCodeCannotInvalidate, err)
+		}
+		c.Opcode, c.InvalidatedSTag = verbs.OpRecvWithInvalidate, h.rsvd
+	}
+	q.mu.Lock()
+	q.rq.pop()
+	q.mu.Unlock()
+	rs.active = false
+	rs.sendMSN++
+	q.rcq.Push(c)
+	return nil
+}
+
+func (q *QP) rxReadRequest(rs *rxState, h *ddpHeader, n int) error {
+	if h.msn != rs.readMSN {
+		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUMSNRange, fmt.Errorf("iwarp: Read Request MSN %d, expected %d", h.msn, rs.readMSN))
+	}
+	if n != readReqLen || h.mo != 0 || !h.last() {
+		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUTooLong, fmt.Errorf("iwarp: Read Request segment of %d bytes at MO %d", n, h.mo))
+	}
+	if err := q.place(rs, rs.rr[:]); err != nil {
+		return err
+	}
+	if err := q.readTrailer(rs); err != nil {
+		return err
+	}
+	rr, _ := parseReadRequest(rs.rr[:])
+	rs.readMSN++
+	// RFC 5040 s5.2/RFC 6581: serve at most IRD reads at once.
+	k := q.irqCount.Add(1)
+	if int(k) > q.ird {
+		f := rs.fault(LayerRDMAP, RDMAPEtypeRemoteOperation, RDMAPCodeCatastrophicStrm, fmt.Errorf("iwarp: %d Read Requests outstanding, IRD is %d", k, q.ird))
+		f.t.ReadRequest = append([]byte(nil), rs.rr[:]...)
+		return f
+	}
+	for {
+		m := q.maxIRQ.Load()
+		if k <= m || q.maxIRQ.CompareAndSwap(m, k) {
+			break
+		}
+	}
+	select {
+	case q.irq <- rr:
+	default:
+		return rs.fault(LayerRDMAP, RDMAPEtypeRemoteOperation, RDMAPCodeCatastrophicStrm, errors.New("iwarp: read queue full"))
+	}
+	return nil
+}
+
+// rxTerminate reads a Terminate (RFC 5040 s5.3); the stream is dead after it.
+func (q *QP) rxTerminate(rs *rxState, n int) error {
+	k := min(n, len(rs.tp))
+	if err := q.place(rs, rs.tp[:k]); err != nil {
+		return err
+	}
+	if _, err := io.CopyN(io.Discard, q.br, int64(n-k)); err != nil {
+		return err
+	}
+	t, err := parseTerminate(rs.tp[:k])
+	if err != nil {
+		return fmt.Errorf("iwarp: peer sent a malformed Terminate: %w", err)
+	}
+	t.DDPHeader = append([]byte(nil), t.DDPHeader...)
+	t.ReadRequest = append([]byte(nil), t.ReadRequest...)
+	return &TerminateError{Terminate: t}
+}

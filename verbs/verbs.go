@@ -1,0 +1,277 @@
+// Package verbs is the RDMA verbs API that rdmafs's RPC-over-RDMA transport
+// is written against: protection domains, memory regions with STags and
+// invalidation, connected reliable queue pairs with send and receive work
+// requests, completion queues and connection setup with private data.
+//
+// The package is provider neutral. A provider (the pure-Go iWARP provider in
+// verbs/iwarp, or a later cgo rdma-core provider) implements Provider,
+// QueuePair and Listener; ProtectionDomain, MemoryRegion and
+// CompletionQueue are concrete types shared by all providers.
+//
+// A short example with the iWARP provider:
+//
+//	pd := verbs.NewProtectionDomain()
+//	qp, err := iwarp.Dial(ctx, "server:20049", &verbs.ConnParams{PD: pd, PrivateData: pdata})
+//	if err != nil { ... }
+//	defer qp.Close()
+//	buf := make([]byte, 4096)
+//	qp.PostRecv(1, buf)
+//	qp.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: [][]byte{msg}})
+//	var wc [8]verbs.Completion
+//	n, err := qp.SendCQ().Poll(ctx, wc[:])
+//
+// Errors are values: once a queue pair breaks, every outstanding and every
+// later work request completes with StatusFlushed (or a more specific error
+// status) and Err reports why.
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+)
+
+// Access is a set of access rights of a memory region.
+type Access uint32
+
+// Access rights. Local read access is always granted.
+const (
+	// AccessLocalWrite lets the local provider place data into the region
+	// (receive buffers, RDMA Read sinks).
+	AccessLocalWrite Access = 1 << iota
+	// AccessRemoteRead lets the peer read the region with RDMA Read.
+	AccessRemoteRead
+	// AccessRemoteWrite lets the peer write the region with RDMA Write.
+	AccessRemoteWrite
+)
+
+// Remote reports whether a grants any remote access.
+func (a Access) Remote() bool { return a&(AccessRemoteRead|AccessRemoteWrite) != 0 }
+
+// String returns a short form like "LW|RR|RW".
+func (a Access) String() string {
+	s := ""
+	add := func(t string) {
+		if s != "" {
+			s += "|"
+		}
+		s += t
+	}
+	if a&AccessLocalWrite != 0 {
+		add("LW")
+	}
+	if a&AccessRemoteRead != 0 {
+		add("RR")
+	}
+	if a&AccessRemoteWrite != 0 {
+		add("RW")
+	}
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// Opcode names the operation of a work request or completion.
+type Opcode uint8
+
+// Work request and completion opcodes.
+const (
+	OpSend               Opcode = iota + 1 // Send (send queue)
+	OpSendWithInvalidate                   // Send With Invalidate (send queue)
+	OpRDMAWrite                            // RDMA Write (send queue)
+	OpRDMARead                             // RDMA Read (send queue)
+	OpRecv                                 // receive completion of a Send
+	OpRecvWithInvalidate                   // receive completion of a Send With Invalidate
+)
+
+var opNames = [...]string{"invalid", "Send", "SendWithInvalidate", "RDMAWrite", "RDMARead", "Recv", "RecvWithInvalidate"}
+
+// String returns the opcode's name.
+func (o Opcode) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return fmt.Sprintf("Opcode(%d)", uint8(o))
+}
+
+// Status is the outcome of a work request.
+type Status uint8
+
+// Completion statuses.
+const (
+	StatusSuccess            Status = iota // completed normally
+	StatusFlushed                          // the queue pair broke before the request finished
+	StatusLocalLengthErr                   // a received message did not fit the posted buffer
+	StatusLocalProtectionErr               // a local memory region was invalid or lacked rights
+	StatusRemoteAccessErr                  // the peer refused access to its memory (bad STag, bounds, rights)
+	StatusRemoteOpErr                      // the peer reported an operation error (Terminate)
+	StatusFatalErr                         // transport failure (CRC error, protocol violation, lost connection)
+)
+
+var statusNames = [...]string{"Success", "Flushed", "LocalLengthErr", "LocalProtectionErr", "RemoteAccessErr", "RemoteOpErr", "FatalErr"}
+
+// String returns the status's name.
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("Status(%d)", uint8(s))
+}
+
+// Completion reports the end of one work request.
+type Completion struct {
+	WRID   uint64 // the caller's work request ID
+	Status Status
+	Opcode Opcode
+	// ByteLen is the number of bytes received (receive completions) or
+	// transferred (send queue completions).
+	ByteLen uint32
+	// InvalidatedSTag is the STag that a received Send With Invalidate
+	// invalidated (Opcode OpRecvWithInvalidate).
+	InvalidatedSTag uint32
+}
+
+// SendWR is a send queue work request.
+//
+// The caller must not modify the buffers that a work request names until
+// its completion has been polled.
+type SendWR struct {
+	WRID   uint64
+	Opcode Opcode // OpSend, OpSendWithInvalidate, OpRDMAWrite or OpRDMARead
+	// SGL is the gather list of a Send or RDMA Write: the message is the
+	// concatenation of its slices.
+	SGL [][]byte
+	// Solicited asks for a solicited event at the receiver (Send only).
+	Solicited bool
+	// InvalidateSTag is the peer's STag to invalidate (OpSendWithInvalidate).
+	InvalidateSTag uint32
+	// RemoteSTag and RemoteOffset name the peer's memory for RDMA Write
+	// (sink) and RDMA Read (source).
+	RemoteSTag   uint32
+	RemoteOffset uint64
+	// LocalMR, LocalOffset and Length name the local sink of an RDMA Read.
+	// LocalMR needs AccessLocalWrite.
+	LocalMR     *MemoryRegion
+	LocalOffset uint64
+	Length      uint32
+}
+
+// ConnRequest describes an incoming connection request to the passive side.
+type ConnRequest struct {
+	RemoteAddr  net.Addr
+	PrivateData []byte // the initiator's upper-layer private data
+	IRD, ORD    int    // the initiator's inbound/outbound read depths
+	CRC         bool   // the initiator asked for CRC
+}
+
+// ConnParams are the parameters of Dial and Listen.
+type ConnParams struct {
+	// PD is the protection domain of the queue pair(s). If nil, each
+	// queue pair gets a new one (QueuePair.PD).
+	PD *ProtectionDomain
+	// SendCQ and RecvCQ receive the completions; they may be the same
+	// queue and may be shared by several queue pairs. A nil one is
+	// replaced by a new queue of the queue pair's own.
+	SendCQ, RecvCQ *CompletionQueue
+	// PrivateData is given to the peer's upper layer (RFC 8797 puts
+	// the RPC-over-RDMA parameters here). On the passive side it is the
+	// reply private data unless OnConnect returns some.
+	PrivateData []byte
+	// IRD is the number of inbound RDMA Reads served at once, ORD the
+	// number of outbound RDMA Reads outstanding at once. Zero means 16.
+	IRD, ORD int
+	// CRC asks for CRC protection of every frame (iWARP: MPA CRC32c).
+	CRC bool
+	// MaxSegment is a provider hint: the largest frame payload sent
+	// (iWARP: ULPDU bytes). Zero selects the provider default.
+	MaxSegment int
+	// OnConnect, on the passive side, sees each connection request and
+	// returns the reply private data; an error rejects the request.
+	OnConnect func(req *ConnRequest) (reply []byte, err error)
+	// Setup, if set, runs on each new queue pair before anything can
+	// arrive on it: on the passive side before the connection is
+	// accepted (before the reply goes to the initiator), on the active
+	// side before Dial returns. Post the initial receive buffers here,
+	// as verbs users post receives before rdma_accept: a Send that
+	// finds no buffer breaks the connection. An error rejects (passive)
+	// or abandons (active) the connection; work requests posted by
+	// Setup then complete as flushed.
+	Setup func(qp QueuePair) error
+}
+
+// QueuePair is a connected, reliable queue pair.
+type QueuePair interface {
+	// PostSend queues a send work request. It returns an error only
+	// for a malformed request; on a broken queue pair the request
+	// completes with StatusFlushed.
+	PostSend(wr SendWR) error
+	// PostRecv posts a receive buffer. On a broken queue pair the
+	// buffer completes with StatusFlushed.
+	PostRecv(wrid uint64, buf []byte) error
+	// SendCQ is the completion queue of the send queue.
+	SendCQ() *CompletionQueue
+	// RecvCQ is the completion queue of the receive queue.
+	RecvCQ() *CompletionQueue
+	// PD is the queue pair's protection domain.
+	PD() *ProtectionDomain
+	// PeerPrivateData is the upper-layer private data the peer sent
+	// during connection setup.
+	PeerPrivateData() []byte
+	// IRD and ORD are the negotiated read depths.
+	IRD() int
+	ORD() int
+	// CRC reports whether frames carry a CRC.
+	CRC() bool
+	// LocalAddr and RemoteAddr are the endpoints of the connection.
+	LocalAddr() net.Addr
+	RemoteAddr() net.Addr
+	// Err is nil while the queue pair works, then the reason it broke.
+	Err() error
+	// Done is closed when the queue pair breaks.
+	Done() <-chan struct{}
+	// Close disconnects, flushes all outstanding work requests and
+	// waits for the provider's goroutines.
+	Close() error
+}
+
+// Listener accepts connections on the passive side.
+type Listener interface {
+	// Accept returns the next established queue pair.
+	Accept(ctx context.Context) (QueuePair, error)
+	// Addr is the listening address.
+	Addr() net.Addr
+	// Close stops listening; queue pairs already accepted stay up.
+	Close() error
+}
+
+// Provider creates queue pairs; a transport holds one to stay provider
+// neutral.
+type Provider interface {
+	// Dial connects to addr (active side).
+	Dial(ctx context.Context, addr string, p *ConnParams) (QueuePair, error)
+	// Listen listens on addr (passive side).
+	Listen(addr string, p *ConnParams) (Listener, error)
+}
+
+// Sentinel errors; test them with errors.Is.
+var (
+	// ErrRejected: the peer rejected the connection request.
+	ErrRejected = errors.New("verbs: connection rejected by peer")
+	// ErrClosed: the queue pair or listener was closed locally.
+	ErrClosed = errors.New("verbs: closed")
+	// ErrConnectionLost: the underlying connection broke.
+	ErrConnectionLost = errors.New("verbs: connection lost")
+	// ErrTerminated: a protocol error ended the connection (see the
+	// provider's error type for details).
+	ErrTerminated = errors.New("verbs: connection terminated")
+	// ErrInvalidSTag: no valid region has this STag.
+	ErrInvalidSTag = errors.New("verbs: invalid STag")
+	// ErrBounds: offset and length leave the region.
+	ErrBounds = errors.New("verbs: access outside memory region")
+	// ErrAccess: the region lacks the needed access rights.
+	ErrAccess = errors.New("verbs: access rights violation")
+	// ErrInvalidWR: a malformed work request.
+	ErrInvalidWR = errors.New("verbs: invalid work request")
+)
