@@ -29,6 +29,7 @@ type peer struct {
 	export string
 	knfsd  *testpeer.Knfsd
 	rdma   bool // RPC-over-RDMA (iWARP) instead of TCP
+	v2     bool // insist on RPC-over-RDMA version 2
 }
 
 // forEachPeer runs f against knfsd (kpeer) over TCP and over RPC-over-RDMA,
@@ -46,12 +47,49 @@ func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
 		g := testpeer.RequireGanesha(t)
 		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export})
 	})
+	t.Run("ganesha-rdma-v2", func(t *testing.T) {
+		addr := requireV2Relay(t)
+		f(t, peer{name: "ganesha-rdma-v2", addr: addr, export: testpeer.RequireGanesha(t).Export, rdma: true, v2: true})
+	})
+}
+
+// v2Relay is an RPC-over-RDMA version-2 responder (no public server
+// speaks version 2) relaying to ganesha over TCP, with the NFSv4
+// upper-layer binding, started once per test binary.
+var v2Relay struct {
+	once sync.Once
+	addr string
+	err  error
+}
+
+func requireV2Relay(t *testing.T) string {
+	g := testpeer.RequireGanesha(t)
+	v2Relay.once.Do(func() {
+		tcp := oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{})
+		resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{
+			Provider: &iwarp.Provider{}, Handler: oncrpc.Relay(tcp, time.Minute), ReplyBulk: ReplyBulk,
+			MaxVersion: rpcrdma.Version2, XChars: true, RemoteInvalidate: true, Credits: 64,
+		})
+		if err != nil {
+			v2Relay.err = err
+			return
+		}
+		v2Relay.addr = resp.Addr()
+	})
+	if v2Relay.err != nil {
+		t.Fatalf("version-2 relay: %v", v2Relay.err)
+	}
+	return v2Relay.addr
 }
 
 // transport makes the peer's transport; topts only apply to TCP.
 func (p peer) transport(topts oncrpc.TCPOptions) oncrpc.Transport {
 	if p.rdma {
-		return rpcrdma.NewTransport(p.addr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true, Tracer: testTracer()})
+		cfg := rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true, Tracer: testTracer()}
+		if p.v2 {
+			cfg.Version, cfg.XChars = rpcrdma.Version2, true
+		}
+		return rpcrdma.NewTransport(p.addr, cfg)
 	}
 	return oncrpc.NewTCPTransport(p.addr, topts)
 }
@@ -473,22 +511,21 @@ func TestNonexistentExport(t *testing.T) {
 // TestKnfsdRDMAChunks checks, from the transport's counters, that data
 // moves by RDMA against knfsd: Read chunks for WRITE data, Write chunks
 // for READ data, a Reply chunk for a large READDIR; and that no memory
-// stays exposed to the server after any call (RFC 8166 s8.1).
+// stays exposed to the server after any call (RFC 8166 s8.1). knfsd
+// speaks version 1 only, so the connection falls back from a version-2
+// probe (v2 draft s5.2).
 func TestKnfsdRDMAChunks(t *testing.T) {
 	k := testpeer.RequireKnfsd(t)
-	p := peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", knfsd: k, rdma: true}
 	var traceBuf lockedBuffer
-	tr := rpcrdma.NewTransport(p.addr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true,
+	tr := rpcrdma.NewTransport(k.RDMAAddr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true,
 		Tracer: trace.New(&traceBuf, trace.RDMA)})
-	ctx := testCtx(t)
-	c, err := Dial(ctx, Config{Transport: tr, Export: "/"})
+	c, err := Dial(testCtx(t), Config{Transport: tr, Export: "/"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close(context.Background())
-	// Version negotiation (v2 draft s5.2): the first call went as a
-	// version-2 probe, knfsd answered ERR_VERS 1..1, and the same
-	// connection went on in version 1.
+	// The first call went as a version-2 probe, knfsd answered ERR_VERS
+	// 1..1, and the same connection went on in version 1.
 	if st := tr.Stats(); st.Version != 1 || st.Fallbacks != 1 || st.Connects != 1 {
 		t.Fatalf("negotiation against knfsd: %+v", st)
 	}
@@ -497,6 +534,32 @@ func TestKnfsdRDMAChunks(t *testing.T) {
 			t.Fatalf("trace lacks %q:\n%s", want, traceBuf.String())
 		}
 	}
+	checkRDMAChunks(t, c, tr)
+}
+
+// TestRelayV2Chunks runs the same checks over RPC-over-RDMA version 2
+// with transport characteristics, against our responder relaying to
+// ganesha.
+func TestRelayV2Chunks(t *testing.T) {
+	addr := requireV2Relay(t)
+	tr := rpcrdma.NewTransport(addr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true,
+		Version: rpcrdma.Version2, XChars: true, Tracer: testTracer()})
+	c, err := Dial(testCtx(t), Config{Transport: tr, Export: testpeer.RequireGanesha(t).Export})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	if st := tr.Stats(); st.Version != 2 || st.Fallbacks != 0 || st.InlineSend != 4096 {
+		t.Fatalf("negotiation with the version-2 relay: %+v", st)
+	}
+	checkRDMAChunks(t, c, tr)
+	if chars, ok := tr.PeerChars(); !ok || chars.RBSize != 4096 {
+		t.Fatalf("relay's characteristics: %+v announced=%v", chars, ok)
+	}
+}
+
+func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
+	ctx := testCtx(t)
 	live := func(what string) {
 		t.Helper()
 		if n := tr.PD().LiveRemoteRegions(); n != 0 {
