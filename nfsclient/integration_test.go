@@ -3,6 +3,7 @@ package nfsclient
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -690,4 +691,81 @@ func TestKnfsdDelegationRecall(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSessionRecovery destroys the client's session behind its back; the
+// next call gets NFS4ERR_BADSESSION, the client makes a new session
+// (RFC 8881 s2.10.13) and the call succeeds.
+func TestSessionRecovery(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		c := dial(t, p, oncrpc.TCPOptions{})
+		ctx := testCtx(t)
+		old := c.sess.Load()
+		var cp compound
+		cp.reset(c.rpc, c.sysCred, "")
+		cp.op(opDestroySession)
+		cp.e.FixedOpaque(old.id[:])
+		if err := c.simple(ctx, &cp, opDestroySession); err != nil {
+			t.Fatalf("DESTROY_SESSION: %v", err)
+		}
+		if _, err := c.GetAttr(ctx, rootCred, c.RootFH()); err != nil {
+			t.Fatalf("GETATTR after the session was destroyed: %v", err)
+		}
+		if _, rec := c.Snapshot(); rec != 1 || c.sess.Load() == old {
+			t.Fatalf("recoveries %d, session replaced: %v", rec, c.sess.Load() != old)
+		}
+	})
+}
+
+// flipCommit relays to a real server and, while armed, changes the write
+// verifier in COMMIT replies, as a server reboot between WRITE and COMMIT
+// would: fault injection through our own responder.
+type flipCommit struct {
+	next  oncrpc.CallHandler
+	armed atomic.Bool
+}
+
+func (f *flipCommit) HandleCall(call []byte) []byte {
+	reply := f.next.HandleCall(call)
+	// SEQUENCE|PUTFH|COMMIT: the call ends with COMMIT's op number, offset
+	// and count; the reply ends with the verifier.
+	if len(call) >= 16 && len(reply) >= 8 && binary.BigEndian.Uint32(call[len(call)-16:]) == opCommit && f.armed.CompareAndSwap(true, false) {
+		reply[len(reply)-1] ^= 0xff
+	}
+	return reply
+}
+
+// TestCommitVerifierChangeResends checks that unstable data is written
+// again when COMMIT returns another verifier (RFC 8881 s18.3.3).
+func TestCommitVerifierChangeResends(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	flip := &flipCommit{next: oncrpc.Relay(oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{}), time.Minute)}
+	resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{Provider: &iwarp.Provider{}, Handler: flip, ReplyBulk: ReplyBulk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Close() }) // after the client's Close (cleanups run last-first)
+	c := dial(t, peer{name: "ganesha-relay", addr: resp.Addr(), export: g.Export, rdma: true}, oncrpc.TCPOptions{})
+	ctx := testCtx(t)
+	dir := testDir(t, c)
+	of, err := c.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := pattern(3<<20, 11)
+	w := c.NewUnstableWriter(rootCred, of, 4)
+	if err := w.WriteAt(ctx, bytes.Clone(data), 0); err != nil {
+		t.Fatal(err)
+	}
+	flip.armed.Store(true)
+	if err := w.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w.Resent() == 0 || w.Pending() != 0 {
+		t.Fatalf("resent %d writes, %d bytes still pending", w.Resent(), w.Pending())
+	}
+	if got := readAll(ctx, t, c, of, len(data)); !bytes.Equal(got, data) {
+		t.Fatal("data differs after the resend")
+	}
+	c.CloseFile(ctx, rootCred, of)
 }

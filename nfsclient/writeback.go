@@ -26,6 +26,15 @@ type UnstableWriter struct {
 	mu      sync.Mutex
 	pending []pendingWrite
 	err     error // first write error, reported by Flush and Commit
+	resent  int   // writes sent again after a verifier change
+}
+
+// Resent returns how many writes were sent again because a COMMIT
+// returned a different write verifier.
+func (w *UnstableWriter) Resent() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.resent
 }
 
 type pendingWrite struct {
@@ -143,6 +152,9 @@ func (w *UnstableWriter) Commit(ctx context.Context) error {
 			return nil
 		}
 		w.c.trace("COMMIT verifier changed: resending %d writes", len(resend))
+		w.mu.Lock()
+		w.resent += len(resend)
+		w.mu.Unlock()
 		for _, p := range resend {
 			if err := w.write(ctx, p.off, p.data, FileSync); err != nil {
 				return err
