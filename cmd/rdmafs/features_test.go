@@ -1,0 +1,323 @@
+package main
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/testpeer"
+)
+
+// TestMountHelper mounts through mount(8)'s helper convention
+// (mount.rdmafs SOURCE DIR -o OPTS) and mount.fuse3's (rdmafs SOURCE DIR
+// -o OPTS).
+func TestMountHelper(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		bin := rdmafsBin(t)
+		helper := filepath.Join(t.TempDir(), "mount.rdmafs")
+		if err := os.Symlink(bin, helper); err != nil {
+			t.Fatal(err)
+		}
+		for _, argv := range [][]string{
+			{helper, p.source(), "DIR", "-s", "-o", "rw,_netdev,port=" + p.port, "-t", "fuse.rdmafs"},
+			{bin, p.source(), "DIR", "-o", "rw,dev,suid,port=" + p.port},
+		} {
+			dir := mountDir(t)
+			argv[2] = dir
+			out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: %v: %s", strings.Join(argv, " "), err, out)
+			}
+			pid := servingPIDOf(t, dir)
+			t.Cleanup(func() { cleanupMount(t, dir, pid) })
+			if ok, fstype := isMountpoint(dir); !ok || fstype != "fuse.rdmafs" {
+				t.Errorf("%s: not mounted as fuse.rdmafs (%v %q)", argv[0], ok, fstype)
+			}
+			sh(t, time.Minute, "ls "+dir+" >/dev/null")
+			if out, code := runBin(t, time.Minute, "umount", dir); code != 0 {
+				t.Errorf("umount: %d %s", code, out)
+			}
+		}
+	})
+}
+
+// TestForegroundAndTrace runs a foreground mount with -v all --log and
+// checks the trace has NFS, RPC and FUSE lines, then unmounts with
+// fusermount3 -u and expects the process to exit 0.
+func TestForegroundAndTrace(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		dir := mountDir(t)
+		logf := filepath.Join(t.TempDir(), "trace.log")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, rdmafsBin(t), "mount", "-f", "-v", "all", "--log", logf, "-o", "port="+p.port, p.source(), dir)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		t.Cleanup(func() {
+			if ok, _ := isMountpoint(dir); ok {
+				exec.Command("fusermount3", "-u", "-z", dir).Run()
+			}
+			cmd.Process.Kill()
+		})
+		deadline := time.Now().Add(time.Minute)
+		for {
+			if ok, _ := isMountpoint(dir); ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("not mounted after a minute: %s", out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		d := testDir(t, dir)
+		sh(t, time.Minute, "echo traced > "+d+"/f && cat "+d+"/f >/dev/null && rm -r "+d)
+		if b, err := exec.Command("fusermount3", "-u", dir).CombinedOutput(); err != nil {
+			t.Fatalf("fusermount3 -u: %v %s", err, b)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("rdmafs mount -f exited with %v: %s", err, out.String())
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("rdmafs mount -f still running a minute after the unmount")
+		}
+		b, err := os.ReadFile(logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		log := string(b)
+		for _, want := range []string{" rpc connected to ", " nfs xid=0x", "OPEN|GETFH|GETATTR", " fuse CREATE ", " fuse WRITE ", " fuse RELEASE ", "status=NFS4_OK", " fuse shutdown done"} {
+			if !strings.Contains(log, want) {
+				t.Errorf("trace lacks %q", want)
+			}
+		}
+		if t.Failed() {
+			t.Logf("trace:\n%s", log)
+		}
+	})
+}
+
+// TestCallerCredentials checks that requests carry the caller's uid, gid
+// and supplementary groups, and that the server's permission checks
+// apply: a group-writable directory admits a member of the group only.
+func TestCallerCredentials(t *testing.T) {
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("no setpriv")
+	}
+	forEachPeer(t, func(t *testing.T, p peer) {
+		mnt := mount(t, p, "allow_other")
+		// t.TempDir's directories are 0700: let uid 1000 reach the mount.
+		for d := filepath.Dir(mnt); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+			os.Chmod(d, 0o755)
+		}
+		d := testDir(t, mnt)
+		defer os.RemoveAll(d)
+		sh(t, time.Minute, "chown 0:4242 "+d+" && chmod 0770 "+d)
+		as := func(groups string, script string) (string, error) {
+			args := []string{"--reuid=1000", "--regid=1000"}
+			if groups == "" {
+				args = append(args, "--clear-groups")
+			} else {
+				args = append(args, "--groups="+groups)
+			}
+			out, err := exec.Command("setpriv", append(args, "/bin/sh", "-c", script)...).CombinedOutput()
+			return string(out), err
+		}
+		if out, err := as("4242", "touch "+d+"/member && stat -c %u:%g "+d+"/member"); err != nil || strings.TrimSpace(out) != "1000:1000" {
+			t.Errorf("%s: member of group 4242: %v %q", p.name, err, out)
+		}
+		if out, err := as("", "touch "+d+"/stranger"); err == nil || !strings.Contains(out, "Permission denied") {
+			t.Errorf("%s: non-member created a file in a 0770 directory: %v %q", p.name, err, out)
+		}
+		if out, err := as("", "cat "+d+"/member"); err == nil {
+			t.Errorf("%s: non-member read into a 0770 directory: %q", p.name, out)
+		}
+	})
+}
+
+// TestOpenStateOnKnfsd checks that a FUSE open holds NFSv4.1 OPEN state
+// on the server and that closing the file releases it.
+func TestOpenStateOnKnfsd(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		if p.knfsd == nil {
+			t.Skip("only knfsd shows its state")
+		}
+		mnt := mount(t, p)
+		d := testDir(t, mnt)
+		defer os.RemoveAll(d)
+		f := filepath.Join(d, "held")
+		sh(t, time.Minute, "echo x > "+f)
+		opens := func() int {
+			n := 0
+			for _, info := range knfsdClients(t, p) {
+				if strings.Contains(info, "rdmafs") {
+					n += strings.Count(info, "type: open")
+				}
+			}
+			return n
+		}
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := opens()
+		fh.Close()
+		time.Sleep(200 * time.Millisecond) // RELEASE is asynchronous
+		after := opens()
+		if held != 1 || after != 0 {
+			t.Errorf("open stateids on knfsd: %d while open (want 1), %d after close (want 0)", held, after)
+		}
+	})
+}
+
+// TestReadOnlyMount checks that ro refuses writes and allows reads.
+func TestReadOnlyMount(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		rw := mount(t, p)
+		d := testDir(t, rw)
+		defer os.RemoveAll(d)
+		sh(t, time.Minute, "echo data > "+d+"/f")
+		ro := mount(t, p, "ro")
+		rd := filepath.Join(ro, filepath.Base(d))
+		if got := sh(t, time.Minute, "cat "+rd+"/f"); got != "data\n" {
+			t.Errorf("read on ro mount: %q", got)
+		}
+		out, err := exec.Command("/bin/sh", "-c", "touch "+rd+"/g").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "Read-only file system") {
+			t.Errorf("touch on ro mount: %v %s", err, out)
+		}
+	})
+}
+
+// TestNoSpaceReported fills knfsd's 256 MiB tmpfs export: the error of
+// the buffered UNSTABLE WRITEs must reach the writer (at write or close).
+func TestNoSpaceReported(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		if p.knfsd == nil {
+			t.Skip("only knfsd's export is small enough to fill")
+		}
+		mnt := mount(t, p)
+		d := testDir(t, mnt)
+		defer os.RemoveAll(d)
+		out, err := exec.Command("/bin/sh", "-c", "head -c 400M /dev/zero > "+d+"/big").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "No space left on device") {
+			t.Errorf("writing 400 MiB into a 256 MiB export: %v %q", err, out)
+		}
+		t.Logf("%s", strings.TrimSpace(string(out)))
+	})
+}
+
+// TestCloseToOpen writes a file through one mount and reads it through
+// another that has it cached: the open must see the new data and size
+// (close-to-open consistency), while attributes otherwise stay cached.
+func TestCloseToOpen(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		a := mount(t, p)
+		b := mount(t, p)
+		d := testDir(t, a)
+		defer os.RemoveAll(d)
+		fa := filepath.Join(d, "f")
+		fb := filepath.Join(b, filepath.Base(d), "f")
+		sh(t, time.Minute, "echo one > "+fa)
+		if got := sh(t, time.Minute, "cat "+fb+" && stat -c %s "+fb); got != "one\n4\n" {
+			t.Fatalf("first read through b: %q", got)
+		}
+		sh(t, time.Minute, "echo 'two, longer' > "+fa)
+		if got := sh(t, time.Minute, "cat "+fb); got != "two, longer\n" {
+			t.Errorf("read through b after a rewrote the file: %q", got)
+		}
+		if got := sh(t, time.Minute, "stat -c %s "+fb); got != "12\n" {
+			t.Errorf("size through b after open: %q", got)
+		}
+	})
+}
+
+// blackhole is a TCP proxy to an NFS server that can stop forwarding, as
+// a server that stops answering does.
+type blackhole struct {
+	ln      net.Listener
+	dropped atomic.Bool
+}
+
+func newBlackhole(t *testing.T, target string) *blackhole {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blackhole{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			pipe := func(dst, src net.Conn) {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := src.Read(buf)
+					if err != nil {
+						dst.Close()
+						return
+					}
+					if b.dropped.Load() {
+						continue // swallow: no reply, no error
+					}
+					if _, err := dst.Write(buf[:n]); err != nil {
+						src.Close()
+						return
+					}
+				}
+			}
+			go pipe(s, c)
+			go pipe(c, s)
+		}
+	}()
+	return b
+}
+
+// TestSoftTimeout mounts through a proxy with soft,timeo=10,retrans=1,
+// makes the server go silent and expects ETIMEDOUT within timeo x
+// (retrans+1); then unmounts lazily.
+func TestSoftTimeout(t *testing.T) {
+	t.Run("ganesha", func(t *testing.T) {
+		g := testpeer.RequireGanesha(t)
+		host, gport := splitAddr(t, g.Addr)
+		p := peer{name: "ganesha", host: host, port: gport, export: g.Export}
+		bh := newBlackhole(t, p.host+":"+p.port)
+		_, port, _ := net.SplitHostPort(bh.ln.Addr().String())
+		mnt := mount(t, peer{name: p.name, host: "127.0.0.1", port: port, export: p.export}, "soft", "timeo=10", "retrans=1", "actimeo=0")
+		d := testDir(t, mnt)
+		sh(t, time.Minute, "echo x > "+d+"/f")
+		bh.dropped.Store(true)
+		start := time.Now()
+		out, err := exec.Command("stat", d+"/f").CombinedOutput()
+		took := time.Since(start)
+		if err == nil || !strings.Contains(string(out), "Connection timed out") {
+			t.Errorf("stat with a silent server: %v %q", err, out)
+		}
+		if took > 5*time.Second {
+			t.Errorf("stat took %v, want about timeo x (retrans+1) = 2s", took)
+		}
+		t.Logf("stat failed after %v: %s", took.Round(time.Millisecond), strings.TrimSpace(string(out)))
+		bh.dropped.Store(false)
+		exec.Command("fusermount3", "-u", "-z", mnt).Run()
+	})
+}

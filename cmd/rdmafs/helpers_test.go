@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/testpeer"
+)
+
+func TestMain(m *testing.M) { testpeer.Main(m) }
+
+// peer is a real NFSv4.1 server the tests mount.
+type peer struct {
+	name   string
+	host   string
+	port   string
+	export string
+	knfsd  *testpeer.Knfsd
+}
+
+func (p peer) source() string { return p.host + ":" + p.export }
+
+// forEachPeer runs f against knfsd (in qemu) and nfs-ganesha, as
+// subtests named after the server.
+func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
+	t.Run("knfsd", func(t *testing.T) {
+		k := testpeer.RequireKnfsd(t)
+		host, port := splitAddr(t, k.TCPAddr)
+		f(t, peer{name: "knfsd", host: host, port: port, export: "/", knfsd: k})
+	})
+	t.Run("ganesha", func(t *testing.T) {
+		g := testpeer.RequireGanesha(t)
+		host, port := splitAddr(t, g.Addr)
+		f(t, peer{name: "ganesha", host: host, port: port, export: g.Export})
+	})
+}
+
+func splitAddr(t *testing.T, addr string) (string, string) {
+	i := strings.LastIndex(addr, ":")
+	if i < 0 {
+		t.Fatalf("bad address %q", addr)
+	}
+	return addr[:i], addr[i+1:]
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// rdmafsBin builds the command once per test binary.
+func rdmafsBin(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		// Next to the test binary: go test removes its work directory.
+		exe, err := os.Executable()
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(filepath.Dir(exe), "rdmafs")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// runBin runs rdmafs with args and returns its combined output and exit
+// code.
+func runBin(t *testing.T, timeout time.Duration, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, rdmafsBin(t), args...)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("rdmafs %s: did not finish within %v; output:\n%s", strings.Join(args, " "), timeout, out)
+	}
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("rdmafs %s: %v", strings.Join(args, " "), err)
+		}
+		code = ee.ExitCode()
+	}
+	return string(out), code
+}
+
+// mount mounts p's export (a fresh directory below it, made through a
+// first mount of the export root when sub is true) in the background,
+// and unmounts it when the test ends, also on failure.
+func mount(t *testing.T, p peer, opts ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := append([]string{"port=" + p.port}, opts...)
+	args := []string{"mount", "-o", strings.Join(o, ","), p.source(), dir}
+	if v := os.Getenv("RDMAFS_TEST_TRACE"); v != "" {
+		args = append([]string{"mount", "-v", v, "--log", filepath.Join(os.TempDir(), "rdmafs-test.log")}, args[1:]...)
+	}
+	start := time.Now()
+	out, code := runBin(t, 2*time.Minute, args...)
+	if code != 0 {
+		t.Fatalf("%s: rdmafs %s: exit %d: %s", p.name, strings.Join(args, " "), code, out)
+	}
+	t.Logf("%s: mounted in %v", p.name, time.Since(start).Round(time.Millisecond))
+	pid := servingPIDOf(t, dir)
+	t.Cleanup(func() { cleanupMount(t, dir, pid) })
+	return dir
+}
+
+// servingPIDOf asks the mount's stats socket for the serving process.
+func servingPIDOf(t *testing.T, dir string) int {
+	pid, ok := servingPID(dir)
+	if !ok {
+		t.Fatalf("no stats socket for %s", dir)
+	}
+	return pid
+}
+
+// cleanupMount unmounts dir if still mounted and makes sure its process
+// is gone.
+func cleanupMount(t *testing.T, dir string, pid int) {
+	if ok, _ := isMountpoint(dir); ok {
+		start := time.Now()
+		out, code := runBin(t, 2*time.Minute, "umount", dir)
+		t.Logf("rdmafs umount: %v", time.Since(start).Round(time.Millisecond))
+		if code != 0 {
+			t.Errorf("rdmafs umount %s: exit %d: %s", dir, code, out)
+			exec.Command("fusermount3", "-u", "-z", dir).Run()
+		}
+	}
+	if pid > 0 && !processGone(pid) {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) && !processGone(pid) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !processGone(pid) {
+			t.Errorf("rdmafs process %d still running after unmount; killing it", pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if ok, _ := isMountpoint(dir); ok {
+		t.Errorf("%s still mounted", dir)
+		exec.Command("fusermount3", "-u", "-z", dir).Run()
+	}
+}
+
+// testDir makes a fresh directory for one test inside the mount.
+func testDir(t *testing.T, mnt string) string {
+	t.Helper()
+	name := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), rand.Uint32())
+	d := filepath.Join(mnt, name)
+	if err := os.Mkdir(d, 0o777); err != nil {
+		t.Fatalf("mkdir in mount: %v", err)
+	}
+	return d
+}
+
+// sh runs a shell command line and fails the test on error.
+func sh(t *testing.T, timeout time.Duration, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-ec", script)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("sh -c %q: %v\n%s", script, err, out.String())
+	}
+	return out.String()
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	v, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		t.Fatalf("not a number: %q", s)
+	}
+	return v
+}

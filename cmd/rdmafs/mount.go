@@ -1,0 +1,403 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rdmafs/rdmafs/fuse"
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+func mountFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: "o", Usage: "mount options, nfs(5) style: `OPT[=VAL],...`"},
+		&cli.BoolFlag{Name: "foreground", Aliases: []string{"f"}, Usage: "stay in the foreground (do not daemonise)"},
+		&cli.StringFlag{Name: "v", Usage: "trace `CATEGORIES` (rpc,nfs,fuse,rdma,mr,verbs or all) to stderr or --log"},
+		&cli.StringFlag{Name: "log", Usage: "write traces and errors to `FILE` instead of stderr"},
+		&cli.StringFlag{Name: "proto", Usage: "transport: tcp or rdma (default tcp)"},
+		&cli.IntFlag{Name: "port", Usage: "server port (default 2049 for tcp, 20049 for rdma)"},
+		&cli.StringFlag{Name: "vers", Usage: "NFS version; only 4.1"},
+		&cli.IntFlag{Name: "rsize", Usage: "largest READ in bytes (default 1 MiB, lowered to the session's limit)"},
+		&cli.IntFlag{Name: "wsize", Usage: "largest WRITE in bytes (default 1 MiB, lowered to the session's limit)"},
+		&cli.IntFlag{Name: "timeo", Usage: "RPC timeout in tenths of a second (default 600)"},
+		&cli.IntFlag{Name: "retrans", Usage: "retransmissions before a soft mount fails a call (default 2)"},
+		&cli.BoolFlag{Name: "soft", Usage: "fail calls after timeo x retrans (default hard: retry forever)"},
+		&cli.BoolFlag{Name: "hard", Usage: "retry calls until the server answers (default)"},
+		&cli.IntFlag{Name: "actimeo", Usage: "set all attribute cache timeouts to `SECONDS` (0 disables caching)"},
+		&cli.IntFlag{Name: "acregmin", Usage: "minimum attribute cache time of files, `SECONDS` (default 3)"},
+		&cli.IntFlag{Name: "acregmax", Usage: "maximum attribute cache time of files, `SECONDS` (default 60)"},
+		&cli.IntFlag{Name: "acdirmin", Usage: "minimum attribute cache time of directories, `SECONDS` (default 30)"},
+		&cli.IntFlag{Name: "acdirmax", Usage: "maximum attribute cache time of directories, `SECONDS` (default 60)"},
+		&cli.BoolFlag{Name: "ro", Usage: "mount read-only"},
+		&cli.BoolFlag{Name: "rw", Usage: "mount read-write (default)"},
+		&cli.BoolFlag{Name: "allow_other", Aliases: []string{"allow-other"}, Usage: "let other users use the mount"},
+		&cli.StringFlag{Name: "rdmavers", Usage: "RPC-over-RDMA version: auto, 1 or 2 (proto=rdma)"},
+		&cli.BoolFlag{Name: "debug-fuse", Hidden: true, Usage: "log every FUSE request"},
+	}
+}
+
+func mountCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "mount",
+		Usage:     "mount an NFSv4.1 export through FUSE",
+		ArgsUsage: "server[:port]:/export /mountpoint",
+		UsageText: `rdmafs mount [options] server[:port]:/export /mountpoint
+   mount.rdmafs server:/export /mountpoint -o options     (mount(8) helper)`,
+		Description: `Mounts the NFSv4.1 export on the mountpoint. Without --foreground the
+command returns once the mount is live (or prints why it failed) and a
+background process serves the mount until it is unmounted.
+
+Options can be given nfs(5) style with -o (comma separated, repeatable) or
+as flags: proto=tcp|rdma, port=N, vers=4.1, rsize=N, wsize=N, timeo=N
+(tenths of a second), retrans=N, hard|soft, actimeo=N, acregmin=N,
+acregmax=N, acdirmin=N, acdirmax=N, noac, ro|rw, allow_other,
+rdmavers=auto|1|2. fstab-only options (_netdev, defaults, nofail, x-*...)
+are accepted and ignored; any other option is an error.
+
+Permissions: requests carry the calling process's uid, gid and
+supplementary groups (AUTH_SYS) and the server decides; the kernel also
+checks the cached mode bits first (FUSE default_permissions), so search
+permission on directories holds for cached paths too.
+
+EXAMPLES:
+   rdmafs mount nfs1:/export /mnt
+   rdmafs mount -o proto=tcp,port=2049,soft,timeo=100 nfs1:/export /mnt
+   rdmafs mount -f -v nfs,fuse --log /tmp/rdmafs.log nfs1:/ /mnt
+   rdmafs mount --proto rdma --rdmavers 2 nfs1:/export /mnt
+
+fstab (mount -a uses mount.fuse3, which runs "rdmafs SOURCE DIR -o OPTS"):
+   nfs1:/export  /mnt  fuse.rdmafs  proto=rdma,_netdev  0 0
+
+EXIT STATUS:
+   0 mounted; 1 bad usage or option; 2 mountpoint missing, not a directory
+   or busy; 3 no /dev/fuse or FUSE mount refused; 4 server unreachable,
+   closed the connection or did not answer; 5 export not found or access
+   denied; 32 other failure.`,
+		Flags:  mountFlags(),
+		Action: runMount,
+	}
+}
+
+// collectOptions builds the mount options from the arguments and flags.
+func collectOptions(cctx *cli.Context) (*mountOptions, error) {
+	if cctx.NArg() != 2 {
+		return nil, exitf(exitUsage, nil, "usage: rdmafs mount [options] server[:port]:/export /mountpoint")
+	}
+	o := defaultOptions()
+	host, port, export, err := parseSource(cctx.Args().Get(0))
+	if err != nil {
+		return nil, exitf(exitUsage, err, "%v", err)
+	}
+	o.Server, o.Port, o.Export = host, port, export
+	dir, err := filepath.Abs(cctx.Args().Get(1))
+	if err != nil {
+		return nil, exitf(exitUsage, err, "mountpoint: %v", err)
+	}
+	o.Dir = dir
+	for _, list := range cctx.StringSlice("o") {
+		if err := o.parseOptionList(list); err != nil {
+			return nil, exitf(exitUsage, err, "%v", err)
+		}
+	}
+	// Flags override -o, in the order they are listed.
+	for _, f := range mountFlags() {
+		name := f.Names()[0]
+		switch name {
+		case "o", "foreground", "v", "log", "debug-fuse":
+			continue
+		}
+		if !cctx.IsSet(name) {
+			continue
+		}
+		opt := name
+		switch f.(type) {
+		case *cli.BoolFlag:
+			if !cctx.Bool(name) {
+				continue
+			}
+		case *cli.IntFlag:
+			opt = fmt.Sprintf("%s=%d", name, cctx.Int(name))
+		default:
+			opt = name + "=" + cctx.String(name)
+		}
+		if err := o.set(opt); err != nil {
+			return nil, exitf(exitUsage, err, "%v", err)
+		}
+	}
+	return &o, nil
+}
+
+// daemonEnv names the variable that marks the re-executed background
+// process; its value is the descriptor of the pipe to the parent.
+const daemonEnv = "RDMAFS_DAEMON_FD"
+
+func runMount(cctx *cli.Context) error {
+	o, err := collectOptions(cctx)
+	if err != nil {
+		return err
+	}
+	cats := trace.Category(0)
+	if v := cctx.String("v"); v != "" {
+		if cats, err = trace.Parse(v); err != nil {
+			return exitf(exitUsage, err, "-v %s: %v", v, err)
+		}
+	}
+	logFile := cctx.String("log")
+	if !cctx.Bool("foreground") && os.Getenv(daemonEnv) == "" {
+		// Fail fast on what the background process would find too.
+		if err := checkMountpoint(o.Dir); err != nil {
+			return err
+		}
+		if err := checkTransport(o); err != nil {
+			return exitf(exitUsage, err, "%v", err)
+		}
+		return spawnDaemon(cctx.App.Metadata["args"].([]string), cats != 0 && logFile == "")
+	}
+	var logw io.Writer = os.Stderr
+	if logFile != "" {
+		f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return exitf(exitUsage, err, "--log: %v", err)
+		}
+		defer f.Close()
+		logw = f
+	}
+	if os.Getenv(daemonEnv) != "" {
+		// Relative paths (--log) are resolved; now leave the caller's
+		// directory so that it does not stay busy.
+		os.Chdir("/")
+	}
+	var tr *trace.Tracer
+	if cats != 0 {
+		tr = trace.New(logw, cats)
+	}
+	notify := daemonNotifier()
+	err = serve(o, tr, cctx.Bool("debug-fuse"), notify)
+	if err != nil {
+		notify(err)
+		if os.Getenv(daemonEnv) != "" {
+			fmt.Fprintf(logw, "rdmafs: %v\n", err)
+		}
+	}
+	return err
+}
+
+// checkMountpoint fails early for a mountpoint that cannot work.
+func checkMountpoint(dir string) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return exitf(exitMountpoint, err, "mountpoint %s does not exist", dir)
+	case err != nil:
+		return exitf(exitMountpoint, err, "mountpoint %s: %v", dir, err)
+	case !st.IsDir():
+		return exitf(exitMountpoint, nil, "mountpoint %s is not a directory", dir)
+	}
+	if mounted, fstype := isMountpoint(dir); mounted && strings.HasPrefix(fstype, "fuse") {
+		return exitf(exitMountpoint, nil, "mountpoint %s is busy: %s is already mounted there (rdmafs umount %s)", dir, fstype, dir)
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return exitf(exitFUSE, err, "no /dev/fuse: load the fuse module (modprobe fuse) or give the container the device")
+	}
+	return nil
+}
+
+// isMountpoint reports whether dir is the mountpoint of a mount in
+// /proc/self/mounts, and its type.
+func isMountpoint(dir string) (bool, string) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return false, ""
+	}
+	found, fstype := false, ""
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && unescapeMount(f[1]) == dir {
+			found, fstype = true, f[2]
+		}
+	}
+	return found, fstype
+}
+
+// unescapeMount undoes the octal escapes of /proc/mounts (\040 for space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%3o", &v); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// checkTransport reports, without connecting, whether the transport the
+// options select can be built.
+func checkTransport(o *mountOptions) error {
+	switch o.Proto {
+	case "tcp":
+		return nil
+	case "rdma":
+		return nil
+	}
+	return fmt.Errorf("proto=%s: unknown transport", o.Proto)
+}
+
+// dialTransport builds the RPC transport the options select (o.addr(),
+// o.Timeo for connection attempts, o.RDMAVers for RPC-over-RDMA). It is
+// the one place that knows the transports: the RPC-over-RDMA one plugs
+// in here, and in checkTransport.
+func dialTransport(o *mountOptions, tr *trace.Tracer) (oncrpc.Transport, error) {
+	switch o.Proto {
+	case "tcp":
+		addr := o.addr()
+		return oncrpc.NewTCPTransport(addr, oncrpc.TCPOptions{
+			DialTimeout: o.Timeo,
+			OnConnect: func(gen uint64) {
+				if tr.On(trace.RPC) {
+					tr.Printf(trace.RPC, "connected to %s (connection %d)", addr, gen)
+				}
+			},
+		}), nil
+	case "rdma":
+		return dialRDMA(o, tr)
+	}
+	return nil, fmt.Errorf("proto=%s: unknown transport", o.Proto)
+}
+
+// probe sends an RPC NULL over its own transport with soft semantics, so
+// that an unreachable server fails the mount within timeo x retrans even
+// for a hard mount.
+func probe(ctx context.Context, o *mountOptions, tr *trace.Tracer) error {
+	t, err := dialTransport(o, tr)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	c := oncrpc.NewClient(t, 100003, 4, oncrpc.ClientOptions{Timeout: o.Timeo, Retrans: o.Retrans})
+	return c.Ping(ctx)
+}
+
+// serve mounts and serves until the file system is unmounted. notify is
+// called once the mount is live.
+func serve(o *mountOptions, tr *trace.Tracer, debugFUSE bool, notify func(error)) error {
+	if err := checkMountpoint(o.Dir); err != nil {
+		return err
+	}
+	if err := checkTransport(o); err != nil {
+		return exitf(exitUsage, err, "%v", err)
+	}
+	wait := o.Timeo * time.Duration(o.Retrans+1)
+	ctx, cancel := context.WithTimeout(context.Background(), wait+5*time.Second)
+	defer cancel()
+	if err := probe(ctx, o, tr); err != nil {
+		return classifyDial(err, o, wait)
+	}
+	t, err := dialTransport(o, tr)
+	if err != nil {
+		return exitf(exitUsage, err, "%v", err)
+	}
+	var retrans atomic.Uint64
+	c, err := nfsclient.Dial(ctx, nfsclient.Config{
+		Transport: t,
+		RPC: oncrpc.ClientOptions{
+			Timeout: o.Timeo, Retrans: o.Retrans, Hard: o.Hard,
+			OnRetransmit: func(xid uint32, attempt int, cause error) {
+				retrans.Add(1)
+				if tr.On(trace.RPC) {
+					tr.Printf(trace.RPC, "xid=%#08x retransmit attempt=%d cause=%v", xid, attempt, cause)
+				}
+			},
+		},
+		Export: o.Export,
+		RSize:  o.RSize,
+		WSize:  o.WSize,
+		Tracer: tr,
+	})
+	if err != nil {
+		t.Close()
+		return classifyDial(err, o, wait)
+	}
+	fsName := o.Server + ":" + o.Export
+	if strings.Contains(o.Server, ":") {
+		fsName = "[" + o.Server + "]:" + o.Export
+	}
+	m, err := fuse.Serve(ctx, c, o.Dir, fuse.Options{
+		FSName:     fsName,
+		AcRegMin:   o.AcRegMin,
+		AcRegMax:   o.AcRegMax,
+		AcDirMin:   o.AcDirMin,
+		AcDirMax:   o.AcDirMax,
+		NoAC:       o.NoAC,
+		ReadOnly:   o.ReadOnly,
+		AllowOther: o.AllowOther,
+		Tracer:     tr,
+		Debug:      debugFUSE,
+	})
+	if err != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c.Close(sctx)
+		scancel()
+		if errors.Is(err, syscall.EBUSY) {
+			return exitf(exitMountpoint, err, "mountpoint %s is busy", o.Dir)
+		}
+		return exitf(exitFUSE, err, "FUSE mount on %s failed: %v", o.Dir, err)
+	}
+	ss, err := startStats(o, m, t, &retrans)
+	if err != nil {
+		// The mount works without stats; say so and go on.
+		fmt.Fprintf(os.Stderr, "rdmafs: stats socket: %v\n", err)
+	}
+	notify(nil)
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		for range sigs {
+			if err := m.Unmount(); err != nil {
+				fmt.Fprintf(os.Stderr, "rdmafs: unmount %s: %v\n", o.Dir, err)
+			}
+		}
+	}()
+	m.Wait()
+	signal.Stop(sigs)
+	close(sigs)
+	if tr.On(trace.FUSE) {
+		tr.Printf(trace.FUSE, "%s unmounted: closing open files and the NFS session", o.Dir)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer scancel()
+	start := time.Now()
+	err = m.Shutdown(sctx)
+	if tr.On(trace.FUSE) {
+		tr.Printf(trace.FUSE, "shutdown done in %v: %v", time.Since(start).Round(time.Microsecond), err)
+	}
+	if ss != nil {
+		ss.Close()
+	}
+	if err != nil {
+		return exitf(exitFailure, err, "unmount of %s: %v", o.Dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseSource(t *testing.T) {
+	for _, tc := range []struct {
+		src, host string
+		port      int
+		export    string
+		err       string
+	}{
+		{src: "nfs1:/export", host: "nfs1", export: "/export"},
+		{src: "nfs1:/", host: "nfs1", export: "/"},
+		{src: "10.0.0.1:2050:/a/b", host: "10.0.0.1", port: 2050, export: "/a/b"},
+		{src: "[fd00::1]:/export", host: "fd00::1", export: "/export"},
+		{src: "[fd00::1]:20049:/x", host: "fd00::1", port: 20049, export: "/x"},
+		{src: "nfs1", err: "want server[:port]:/export"},
+		{src: "nfs1:export", err: "want server[:port]:/export"},
+		{src: "nfs1:99999:/x", err: "bad port"},
+		{src: "[fd00::1:/x", err: "missing ]"},
+	} {
+		host, port, export, err := parseSource(tc.src)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: error %v, want %q", tc.src, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || host != tc.host || port != tc.port || export != tc.export {
+			t.Errorf("%q: got %q %d %q %v", tc.src, host, port, export, err)
+		}
+	}
+}
+
+func TestOptionList(t *testing.T) {
+	o := defaultOptions()
+	o.Server = "s"
+	err := o.parseOptionList("proto=tcp,port=2050,vers=4.1,rsize=65536,wsize=131072,timeo=15,retrans=5,soft,actimeo=7,acdirmax=9,ro,allow_other,rdmavers=2,_netdev,defaults,x-systemd.automount")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := defaultOptions()
+	want.Server = "s"
+	want.Port, want.RSize, want.WSize = 2050, 65536, 131072
+	want.Timeo, want.Retrans, want.Hard = 1500*time.Millisecond, 5, false
+	want.AcRegMin, want.AcRegMax, want.AcDirMin, want.AcDirMax = 7*time.Second, 7*time.Second, 7*time.Second, 9*time.Second
+	want.ReadOnly, want.AllowOther, want.RDMAVers = true, true, "2"
+	if !reflect.DeepEqual(o, want) {
+		t.Errorf("got  %+v\nwant %+v", o, want)
+	}
+	if got := o.addr(); got != "s:2050" {
+		t.Errorf("addr %q", got)
+	}
+	o = defaultOptions()
+	o.Server = "fd00::1"
+	o.set("proto=rdma")
+	if got := o.addr(); got != "[fd00::1]:20049" {
+		t.Errorf("rdma addr %q", got)
+	}
+	o.set("actimeo=0")
+	if !o.NoAC {
+		t.Error("actimeo=0 does not turn off attribute caching")
+	}
+}
+
+func TestOptionErrors(t *testing.T) {
+	for opt, want := range map[string]string{
+		"bogus":       `unknown mount option "bogus"`,
+		"vers=4.0":    "4.1 only",
+		"nfsvers=3":   "4.1 only",
+		"proto=udp":   "proto=tcp or proto=rdma",
+		"port=70000":  "out of range",
+		"rsize=100":   "want 4096",
+		"timeo=0":     "at least 1",
+		"timeo":       "needs a value",
+		"hard=yes":    "takes no value",
+		"rdmavers=v2": "auto, 1 or 2",
+		"acregmin=-1": "not a non-negative number",
+	} {
+		o := defaultOptions()
+		err := o.set(opt)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", opt, err, want)
+		}
+	}
+}
+
+func TestHelperArgs(t *testing.T) {
+	got := helperArgs([]string{"/sbin/mount.rdmafs", "nfs1:/export", "/mnt", "-s", "-n", "-o", "rw,proto=rdma,_netdev", "-t", "fuse.rdmafs"})
+	want := []string{"rdmafs", "mount", "-o", "rw,proto=rdma,_netdev", "nfs1:/export", "/mnt"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if !isMountHelper("/sbin/mount.fuse.rdmafs") || !isMountHelper("mount.rdmafs") || isMountHelper("rdmafs") {
+		t.Error("isMountHelper")
+	}
+}
+
+func TestReorderMountArgs(t *testing.T) {
+	got := reorderMountArgs([]string{"rdmafs", "mount", "nfs1:/e", "/mnt", "-o", "ro", "-f", "--timeo", "5", "-v", "all"})
+	want := []string{"rdmafs", "mount", "-o", "ro", "-f", "--timeo", "5", "-v", "all", "nfs1:/e", "/mnt"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+func TestStatsSocketPath(t *testing.T) {
+	a, b := statsSocket("/mnt/x"), statsSocket("/mnt/x/")
+	if a != b || !strings.HasPrefix(a, runDir()+"/") || len(a) > 100 {
+		t.Errorf("%q %q", a, b)
+	}
+	if statsSocket("/mnt/y") == a {
+		t.Error("two mountpoints share a socket")
+	}
+}
+
+func TestUnescapeMount(t *testing.T) {
+	if got := unescapeMount(`/mnt/a\040b`); got != "/mnt/a b" {
+		t.Errorf("got %q", got)
+	}
+}
+
+// TestHelp checks each command's help has a description and examples.
+func TestHelp(t *testing.T) {
+	for _, c := range newApp().Commands {
+		if c.Description == "" || !strings.Contains(c.Description, "rdmafs "+c.Name) {
+			t.Errorf("%s: help lacks a description with an example", c.Name)
+		}
+	}
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// knfsdClients returns knfsd's client directories with their info files.
+func knfsdClients(t *testing.T, p peer) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := p.knfsd.Exec(ctx, `for d in /proc/fs/nfsd/clients/*/; do [ -e "$d/info" ] && echo "== $d" && cat "$d/info" "$d/states"; done; true`)
+	if err != nil {
+		t.Fatalf("knfsd exec: %v: %s", err, out)
+	}
+	clients := map[string]string{}
+	var cur string
+	for _, line := range strings.Split(out, "\n") {
+		if d, ok := strings.CutPrefix(line, "== "); ok {
+			cur = d
+			continue
+		}
+		if cur != "" {
+			clients[cur] += line + "\n"
+		}
+	}
+	return clients
+}
+
+// TestUmountCleansUp checks that rdmafs umount leaves no open state and
+// no client on knfsd, no process and no mount behind, even with a file
+// written but still buffered when the unmount started.
+func TestUmountCleansUp(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		var before map[string]string
+		if p.knfsd != nil {
+			before = knfsdClients(t, p)
+		}
+		mnt := mount(t, p)
+		pid := servingPIDOf(t, mnt)
+		d := testDir(t, mnt)
+		sh(t, time.Minute, "cd "+d+" && seq 1 100000 > f && cp f g && ln -s f s && cat g > /dev/null")
+		if p.knfsd != nil {
+			during := knfsdClients(t, p)
+			var ours string
+			for dir, info := range during {
+				if _, ok := before[dir]; !ok && strings.Contains(info, "rdmafs") {
+					ours = dir
+				}
+			}
+			if ours == "" {
+				t.Fatalf("knfsd shows no rdmafs client while mounted: %v", during)
+			}
+			t.Logf("knfsd client while mounted: %s\n%s", ours, during[ours])
+		}
+		out, code := runBin(t, 2*time.Minute, "umount", mnt)
+		if code != 0 {
+			t.Fatalf("rdmafs umount: exit %d: %s", code, out)
+		}
+		if !processGone(pid) {
+			t.Errorf("serving process %d still running after rdmafs umount returned", pid)
+		}
+		if ok, _ := isMountpoint(mnt); ok {
+			t.Errorf("%s still in /proc/mounts", mnt)
+		}
+		if _, err := os.Stat(statsSocket(mnt)); !os.IsNotExist(err) {
+			t.Errorf("stats socket left behind: %v", err)
+		}
+		if p.knfsd != nil {
+			after := knfsdClients(t, p)
+			for dir, info := range after {
+				if _, ok := before[dir]; !ok && strings.Contains(info, "rdmafs") {
+					t.Errorf("knfsd still has our client after umount: %s\n%s", dir, info)
+				}
+			}
+		}
+		// The data reached the server: read it through a new mount.
+		mnt2 := mount(t, p)
+		got := sh(t, time.Minute, "cd "+filepath.Join(mnt2, filepath.Base(d))+" && sha256sum < g && readlink s && wc -l < f")
+		want := sh(t, time.Minute, "seq 1 100000 | sha256sum && echo f && echo 100000")
+		if got != want {
+			t.Errorf("after remount: got %q, want %q", got, want)
+		}
+		os.RemoveAll(filepath.Join(mnt2, filepath.Base(d)))
+	})
+}

@@ -1,0 +1,107 @@
+package fuse
+
+import (
+	"syscall"
+	"time"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/nfsclient"
+)
+
+// typeBits returns the S_IFMT bits of an NFS file type (RFC 8881 s5.8.1.2).
+func typeBits(t nfsclient.FileType) uint32 {
+	switch t {
+	case nfsclient.TypeDir:
+		return syscall.S_IFDIR
+	case nfsclient.TypeLnk:
+		return syscall.S_IFLNK
+	case nfsclient.TypeBlk:
+		return syscall.S_IFBLK
+	case nfsclient.TypeChr:
+		return syscall.S_IFCHR
+	case nfsclient.TypeSock:
+		return syscall.S_IFSOCK
+	case nfsclient.TypeFifo:
+		return syscall.S_IFIFO
+	}
+	return syscall.S_IFREG
+}
+
+// fillAttr converts NFS attributes into a FUSE attribute block.
+func (f *FS) fillAttr(a *nfsclient.Attr, out *gofuse.Attr) {
+	out.Ino = a.FileID
+	out.Size = a.Size
+	out.Blocks = (a.SpaceUsed + 511) / 512
+	out.Mode = typeBits(a.Type) | a.Mode&07777
+	out.Nlink = a.NLink
+	out.Uid = a.UID
+	out.Gid = a.GID
+	out.Rdev = uint32(unix.Mkdev(a.RdevMajor, a.RdevMinor))
+	// A large st_blksize makes cp, tar and friends use wsize buffers.
+	out.Blksize = uint32(f.c.WSize())
+	setTime := func(t time.Time, sec *uint64, nsec *uint32) {
+		if t.IsZero() {
+			return
+		}
+		*sec = uint64(t.Unix())
+		*nsec = uint32(t.Nanosecond())
+	}
+	setTime(a.Atime, &out.Atime, &out.Atimensec)
+	setTime(a.Mtime, &out.Mtime, &out.Mtimensec)
+	setTime(a.Ctime, &out.Ctime, &out.Ctimensec)
+}
+
+// acBounds returns the attribute cache timeouts for a file type.
+func (f *FS) acBounds(t nfsclient.FileType) (lo, hi time.Duration) {
+	if t == nfsclient.TypeDir {
+		return f.opts.AcDirMin, f.opts.AcDirMax
+	}
+	return f.opts.AcRegMin, f.opts.AcRegMax
+}
+
+// setAttr records fresh attributes of n. Like the Linux client
+// (nfs_update_inode), the cache timeout starts at the min and doubles up
+// to the max while the change attribute stays the same; a new change
+// attribute resets it (RFC 8881 s5.8.1.4: change tells a client its
+// cached data and attributes are stale).
+func (n *node) setAttr(a *nfsclient.Attr) {
+	lo, hi := n.fsys.acBounds(a.Type)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.attrSet && a.Change == n.attr.Change {
+		n.acTimeout = min(max(2*n.acTimeout, lo), hi)
+	} else {
+		n.acTimeout = lo
+	}
+	n.attr = *a
+	n.attr.FileHandle = nil
+	n.attrSet = true
+}
+
+// attrOut fills a GETATTR/SETATTR reply from the cached attributes.
+func (n *node) attrOut(out *gofuse.AttrOut) {
+	n.mu.Lock()
+	a, t := n.attr, n.acTimeout
+	n.mu.Unlock()
+	n.fsys.fillAttr(&a, &out.Attr)
+	out.SetTimeout(t)
+}
+
+// entryOut fills a LOOKUP-style reply for child n of a directory.
+func (n *node) entryOut(out *gofuse.EntryOut) {
+	n.mu.Lock()
+	a, t := n.attr, n.acTimeout
+	n.mu.Unlock()
+	n.fsys.fillAttr(&a, &out.Attr)
+	out.SetAttrTimeout(t)
+	// A name stays valid as long as its directory's attributes would.
+	out.SetEntryTimeout(n.fsys.opts.AcDirMin)
+}
+
+// sattrFromMode returns a SetAttr carrying the permission bits of mode.
+func sattrFromMode(mode uint32) *nfsclient.SetAttr {
+	m := mode & 07777
+	return &nfsclient.SetAttr{Mode: &m}
+}

@@ -1,0 +1,124 @@
+package fuse
+
+import (
+	"context"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+// dirHandle is an open directory. It reads the whole directory with
+// READDIR asking for each entry's file handle and attributes, and answers
+// the kernel's READDIRPLUS lookups from them: no LOOKUP or GETATTR per
+// entry (RFC 8881 s18.23).
+type dirHandle struct {
+	n    *node
+	cred oncrpc.Credential
+
+	mu      sync.Mutex
+	loaded  bool
+	entries []nfsclient.DirEntry
+	pos     int // next position: 0 ".", 1 "..", 2+i entries[i]
+	last    *nfsclient.DirEntry
+}
+
+var (
+	_ = (fs.FileReaddirenter)((*dirHandle)(nil))
+	_ = (fs.FileLookuper)((*dirHandle)(nil))
+	_ = (fs.FileSeekdirer)((*dirHandle)(nil))
+	_ = (fs.FileReleasedirer)((*dirHandle)(nil))
+	_ = (fs.FileFsyncdirer)((*dirHandle)(nil))
+)
+
+// OpendirHandle opens a directory for reading.
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if n.StableAttr().Mode != syscall.S_IFDIR {
+		return nil, 0, syscall.ENOTDIR
+	}
+	return &dirHandle{n: n, cred: n.fsys.cred(ctx)}, 0, 0
+}
+
+func (d *dirHandle) load(ctx context.Context) syscall.Errno {
+	if d.loaded {
+		return 0
+	}
+	d.n.fsys.Stats.Readdirs.Add(1)
+	ents, err := d.n.fsys.c.ReadDirPlusAll(ctx, d.cred, d.n.handle())
+	if err != nil {
+		return d.n.errno("READDIR", err)
+	}
+	d.entries, d.loaded = ents, true
+	if d.n.fsys.tr.On(trace.FUSE) {
+		d.n.fsys.trace("READDIR ino=%d entries=%d (attributes and handles from READDIR)", d.n.StableAttr().Ino, len(ents))
+	}
+	return 0
+}
+
+// Readdirent returns the next entry, "." and ".." first.
+func (d *dirHandle) Readdirent(ctx context.Context) (*gofuse.DirEntry, syscall.Errno) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if errno := d.load(ctx); errno != 0 {
+		return nil, errno
+	}
+	i := d.pos
+	if i >= len(d.entries)+2 {
+		return nil, 0
+	}
+	d.pos++
+	switch i {
+	case 0:
+		d.last = nil
+		return &gofuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: d.n.StableAttr().Ino, Off: 1}, 0
+	case 1:
+		d.last = nil
+		return &gofuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Off: 2}, 0
+	}
+	e := &d.entries[i-2]
+	d.last = e
+	return &gofuse.DirEntry{Name: e.Name, Mode: typeBits(e.Attr.Type), Ino: e.Attr.FileID, Off: uint64(i + 1)}, 0
+}
+
+// Lookup answers READDIRPLUS for the entry Readdirent just returned, from
+// READDIR's attributes; entries without them get a LOOKUP.
+func (d *dirHandle) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	d.mu.Lock()
+	e := d.last
+	d.mu.Unlock()
+	if e == nil || e.Name != name || len(e.Attr.FileHandle) == 0 || e.Attr.RdattrErr != 0 ||
+		e.Attr.FileID == 0 || e.Attr.Type == 0 {
+		return d.n.Lookup(ctx, name, out)
+	}
+	a := e.Attr
+	return d.n.fsys.child(ctx, d.n, name, e.Attr.FileHandle, &a, out), 0
+}
+
+// Seekdir moves to a position Readdirent handed out; 0 reads the
+// directory again (rewinddir).
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if off == 0 {
+		d.loaded, d.entries = false, nil
+	}
+	d.pos = int(off)
+	d.last = nil
+	return 0
+}
+
+// Releasedir drops the listing.
+func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	d.mu.Lock()
+	d.entries = nil
+	d.mu.Unlock()
+}
+
+// Fsyncdir has nothing to do: directory operations are synchronous on
+// the server.
+func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno { return 0 }

@@ -1,0 +1,512 @@
+package fuse
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+// writesInFlight bounds the UNSTABLE WRITEs one open file keeps in flight.
+const writesInFlight = 8
+
+// file is an open regular file: NFSv4.1 OPEN state (one open-owner per
+// FUSE open, so closing one never drops another's share reservation) and
+// a write buffer that coalesces sequential writes into wsize UNSTABLE
+// WRITEs, committed on flush (close) and fsync.
+type file struct {
+	n      *node
+	of     *nfsclient.OpenFile
+	cred   oncrpc.Credential // the opener's: I/O and CLOSE use it
+	access uint32
+
+	mu       sync.Mutex
+	w        *nfsclient.UnstableWriter
+	buf      []byte
+	bufOff   uint64
+	dirty    bool  // written since the last COMMIT
+	sent     bool  // UNSTABLE WRITEs went out since the last COMMIT
+	werr     error // first write error, reported by flush and fsync
+	released bool
+}
+
+var (
+	_ = (fs.FileReader)((*file)(nil))
+	_ = (fs.FileWriter)((*file)(nil))
+	_ = (fs.FileFlusher)((*file)(nil))
+	_ = (fs.FileFsyncer)((*file)(nil))
+	_ = (fs.FileReleaser)((*file)(nil))
+)
+
+func shareAccess(flags uint32) uint32 {
+	switch flags & syscall.O_ACCMODE {
+	case syscall.O_WRONLY:
+		return nfsclient.ShareAccessWrite
+	case syscall.O_RDWR:
+		return nfsclient.ShareAccessBoth
+	}
+	return nfsclient.ShareAccessRead
+}
+
+func (f *FS) newFile(n *node, of *nfsclient.OpenFile, cred oncrpc.Credential, access uint32) *file {
+	h := &file{n: n, of: of, cred: cred, access: access}
+	f.addFile(h)
+	return h
+}
+
+// openFlags decides whether the kernel may keep its page cache: only if
+// the change attribute is what it was when the cache was last known good
+// (close-to-open consistency, RFC 8881 s10.3.1).
+func (n *node) openFlags(change uint64, flags uint32) uint32 {
+	n.mu.Lock()
+	keep := n.cacheValid && n.openChange == change
+	n.openChange, n.cacheValid = change, true
+	n.mu.Unlock()
+	var out uint32
+	if keep {
+		out |= gofuse.FOPEN_KEEP_CACHE
+	}
+	if flags&syscall.O_DIRECT != 0 {
+		out |= gofuse.FOPEN_DIRECT_IO
+	}
+	return out
+}
+
+// Open sends OPEN with CLAIM_FH; its GETATTR is the close-to-open check.
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	ctx = uninterrupted(ctx)
+	if n.StableAttr().Mode != syscall.S_IFREG {
+		return nil, 0, syscall.EINVAL
+	}
+	if n.fsys.opts.ReadOnly && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EROFS
+	}
+	n.fsys.Stats.Opens.Add(1)
+	cred := n.fsys.cred(ctx)
+	access := shareAccess(flags)
+	of, err := n.fsys.c.OpenFH(ctx, cred, n.handle(), access, nfsclient.ShareDenyNone)
+	if err != nil {
+		return nil, 0, n.errno("OPEN", err)
+	}
+	if flags&syscall.O_TRUNC != 0 && access != nfsclient.ShareAccessRead && of.Attr.Size != 0 {
+		if errno := n.truncate(ctx, cred, of); errno != 0 {
+			n.fsys.c.CloseFile(ctx, cred, of)
+			return nil, 0, errno
+		}
+	}
+	n.setAttr(&of.Attr)
+	h := n.fsys.newFile(n, of, cred, access)
+	fl := n.openFlags(of.Attr.Change, flags)
+	if fl&gofuse.FOPEN_KEEP_CACHE == 0 {
+		// The file changed on the server since the kernel cached it:
+		// besides its pages (dropped for an open without KEEP_CACHE),
+		// its cached size and times are stale too.
+		n.NotifyContent(-1, 0)
+	}
+	h.traceOpen("OPEN", flags, fl)
+	return h, fl, 0
+}
+
+// truncate empties an open file with SETATTR(size=0) under its stateid.
+func (n *node) truncate(ctx context.Context, cred oncrpc.Credential, of *nfsclient.OpenFile) syscall.Errno {
+	zero := uint64(0)
+	a, err := n.fsys.c.SetAttr(ctx, cred, of.FH, of.StateID, &nfsclient.SetAttr{Size: &zero})
+	if err != nil {
+		return n.errno("SETATTR", err)
+	}
+	of.Attr = a
+	return 0
+}
+
+// Create sends OPEN with OPEN4_CREATE: GUARDED4 for O_EXCL, UNCHECKED4
+// otherwise (RFC 8881 s18.16.3). GUARDED4 is safe against retransmission
+// here: the session's reply cache gives exactly-once execution (RFC 8881
+// s2.10.6), so EXCLUSIVE4_1's verifier is not needed.
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	ctx = uninterrupted(ctx)
+	n.fsys.Stats.Creates.Add(1)
+	cred := n.fsys.cred(ctx)
+	access := shareAccess(flags)
+	how := nfsclient.Unchecked
+	if flags&syscall.O_EXCL != 0 {
+		how = nfsclient.Guarded
+	}
+	of, err := n.fsys.c.Open(ctx, cred, n.handle(), name, nfsclient.OpenArgs{
+		Access: access, Deny: nfsclient.ShareDenyNone, Create: how, Attr: sattrFromMode(mode)})
+	if err != nil {
+		return nil, nil, 0, n.errno("OPEN", err)
+	}
+	if flags&syscall.O_TRUNC != 0 && !of.Created && of.Attr.Size != 0 && access != nfsclient.ShareAccessRead {
+		if errno := n.truncate(ctx, cred, of); errno != 0 {
+			n.fsys.c.CloseFile(ctx, cred, of)
+			return nil, nil, 0, errno
+		}
+	}
+	ino := n.fsys.child(ctx, n, name, of.FH, &of.Attr, out)
+	cn := ino.Operations().(*node)
+	h := n.fsys.newFile(cn, of, cred, access)
+	fl := cn.openFlags(of.Attr.Change, flags)
+	h.traceOpen("CREATE "+name, flags, fl)
+	return ino, h, fl, 0
+}
+
+// Read sends READs into the kernel's buffer: one copy from the receive
+// buffer over TCP, none over RDMA.
+func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
+	if errno := h.n.flushWriters(ctx); errno != 0 {
+		return nil, errno
+	}
+	rsize := h.n.fsys.c.RSize()
+	var start time.Time
+	if h.n.fsys.tr.On(trace.FUSE) {
+		start = time.Now()
+	}
+	total, err := h.readChunks(ctx, dest, uint64(off), rsize)
+	if err != nil && total == 0 {
+		return nil, h.n.errno("READ", err)
+	}
+	h.n.fsys.Stats.Reads.Add(1)
+	h.n.fsys.Stats.ReadBytes.Add(uint64(total))
+	if h.n.fsys.tr.On(trace.FUSE) {
+		h.n.fsys.trace("READ ino=%d off=%d len=%d got=%d time=%v", h.n.StableAttr().Ino, off, len(dest), total, time.Since(start).Round(time.Microsecond))
+	}
+	return gofuse.ReadResultData(dest[:total]), 0
+}
+
+// readChunks fills dest from off with READs of at most rsize bytes, sent
+// concurrently when dest needs several (the server's rsize may be far
+// below the kernel's 1 MiB FUSE READ). It returns how many bytes at the
+// start of dest are valid.
+func (h *file) readChunks(ctx context.Context, dest []byte, off uint64, rsize int) (int, error) {
+	c := h.n.fsys.c
+	if len(dest) <= rsize {
+		return h.readSeq(ctx, dest, off)
+	}
+	type result struct {
+		n   int
+		eof bool
+		err error
+	}
+	nchunks := (len(dest) + rsize - 1) / rsize
+	res := make([]result, nchunks)
+	var wg sync.WaitGroup
+	for i := range nchunks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lo := i * rsize
+			chunk := dest[lo:min(len(dest), lo+rsize)]
+			n, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(lo), chunk)
+			res[i] = result{n, eof, err}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i, r := range res {
+		if r.err != nil {
+			return total, r.err
+		}
+		total += r.n
+		want := min(len(dest), (i+1)*rsize) - i*rsize
+		if r.eof || r.n == 0 {
+			return total, nil
+		}
+		if r.n < want {
+			// A short READ that is not at EOF: read the rest in order.
+			n, err := h.readSeq(ctx, dest[total:], off+uint64(total))
+			return total + n, err
+		}
+	}
+	return total, nil
+}
+
+// readSeq fills dest with READs one after the other.
+func (h *file) readSeq(ctx context.Context, dest []byte, off uint64) (int, error) {
+	c := h.n.fsys.c
+	total := 0
+	for total < len(dest) {
+		chunk := dest[total:min(len(dest), total+c.RSize())]
+		k, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(total), chunk)
+		if err != nil {
+			return total, err
+		}
+		total += k
+		if eof || k == 0 {
+			break
+		}
+	}
+	return total, nil
+}
+
+// Write buffers data; sequential writes are coalesced into wsize
+// UNSTABLE WRITEs that go out while the application keeps writing.
+// Errors surface at the next write, flush or fsync, as on an NFS mount.
+func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	f := h.n.fsys
+	f.Stats.Writes.Add(1)
+	f.Stats.WriteBytes.Add(uint64(len(data)))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.werr != nil {
+		return 0, nfsclient.Errno(h.werr)
+	}
+	if !h.dirty {
+		h.dirty = true
+		h.n.addWriter(h)
+	}
+	if h.w == nil {
+		h.w = f.c.NewUnstableWriter(h.cred, h.of, writesInFlight)
+	}
+	if len(h.buf) > 0 && uint64(off) != h.bufOff+uint64(len(h.buf)) {
+		h.sendLocked()
+	}
+	wsize := f.c.WSize()
+	rest := data
+	pos := uint64(off)
+	for len(rest) > 0 {
+		if h.buf == nil {
+			// Start small: most files of a tree are much smaller than
+			// wsize; append grows the buffer up to wsize.
+			h.buf = make([]byte, 0, min(wsize, max(len(rest), 64<<10)))
+			h.bufOff = pos
+		}
+		k := min(len(rest), wsize-len(h.buf))
+		h.buf = append(h.buf, rest[:k]...)
+		rest = rest[k:]
+		pos += uint64(k)
+		if len(h.buf) == wsize {
+			h.sendLocked()
+		}
+	}
+	if h.werr != nil {
+		return 0, nfsclient.Errno(h.werr)
+	}
+	return uint32(len(data)), 0
+}
+
+// sendLocked hands the buffer to the UnstableWriter.
+func (h *file) sendLocked() {
+	if len(h.buf) == 0 {
+		return
+	}
+	data, off := h.buf, h.bufOff
+	h.buf = nil
+	h.sent = true
+	if h.n.fsys.tr.On(trace.FUSE) {
+		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (unstable, buffered writes coalesced)", h.n.StableAttr().Ino, off, len(data))
+	}
+	if err := h.w.WriteAt(h.n.fsys.bg, data, off); err != nil && h.werr == nil {
+		h.werr = err
+		h.n.fsys.Stats.WriteErrors.Add(1)
+	}
+}
+
+// writeOutLocked sends the buffer and waits for the WRITEs in flight.
+// When the buffer holds all that is dirty, it goes FILE_SYNC and the
+// file is clean (no COMMIT needed at close).
+func (h *file) writeOutLocked(ctx context.Context) error {
+	if h.w == nil {
+		return h.werr
+	}
+	if !h.sent && len(h.buf) > 0 && h.werr == nil {
+		data, off := h.buf, h.bufOff
+		h.buf = nil
+		if err := h.writeStable(ctx, data, off); err != nil {
+			h.werr = err
+			return err
+		}
+		h.dirty = false
+		h.n.removeWriter(h)
+		return nil
+	}
+	h.sendLocked()
+	if err := h.w.Flush(); err != nil && h.werr == nil {
+		h.werr = err
+	}
+	return h.werr
+}
+
+// syncLocked writes out and COMMITs (RFC 8881 s18.3). When all the
+// dirty data is in the buffer, one FILE_SYNC WRITE replaces WRITE+COMMIT,
+// as the Linux client does for a flush that fits one request.
+func (h *file) syncLocked(ctx context.Context) error {
+	if err := h.writeOutLocked(ctx); err != nil {
+		return err
+	}
+	if h.w == nil || !h.dirty {
+		return nil
+	}
+	var start time.Time
+	if h.n.fsys.tr.On(trace.FUSE) {
+		start = time.Now()
+	}
+	if err := h.w.Commit(ctx); err != nil {
+		h.werr = err
+		return err
+	}
+	if h.n.fsys.tr.On(trace.FUSE) {
+		h.n.fsys.trace("COMMIT ino=%d time=%v", h.n.StableAttr().Ino, time.Since(start).Round(time.Microsecond))
+	}
+	h.dirty, h.sent = false, false
+	h.n.removeWriter(h)
+	return nil
+}
+
+// writeStable sends data with FILE_SYNC WRITEs (RFC 8881 s18.32.3), and a
+// COMMIT if the server wrote less stably than asked.
+func (h *file) writeStable(ctx context.Context, data []byte, off uint64) error {
+	c := h.n.fsys.c
+	if h.n.fsys.tr.On(trace.FUSE) {
+		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (file_sync, whole flush in one request)", h.n.StableAttr().Ino, off, len(data))
+	}
+	needCommit := false
+	for len(data) > 0 {
+		n := min(len(data), c.WSize())
+		res, err := c.Write(ctx, h.cred, h.of.FH, h.of.StateID, off, data[:n], nfsclient.FileSync)
+		if err != nil {
+			return fmt.Errorf("write at %d: %w", off, err)
+		}
+		if res.Count == 0 {
+			return fmt.Errorf("write at %d: server wrote 0 bytes: %w", off, syscall.EIO)
+		}
+		needCommit = needCommit || res.Committed != nfsclient.FileSync
+		data = data[res.Count:]
+		off += uint64(res.Count)
+	}
+	if needCommit {
+		if _, err := c.Commit(ctx, h.cred, h.of.FH, 0, 0); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+	}
+	return nil
+}
+
+// Flush runs at every close(2): the data must be on stable storage and
+// the attributes fresh before close returns (close-to-open).
+func (h *file) Flush(ctx context.Context) syscall.Errno {
+	ctx = uninterrupted(ctx)
+	h.n.fsys.Stats.Flushes.Add(1)
+	h.mu.Lock()
+	wasDirty := h.dirty
+	err := h.syncLocked(ctx)
+	h.mu.Unlock()
+	if err != nil {
+		return h.n.errno("flush", err)
+	}
+	if wasDirty {
+		// Our own writes changed the change attribute: remember the
+		// new value so the next open keeps the page cache.
+		if a, err := h.n.fsys.c.GetAttr(ctx, h.cred, h.of.FH); err == nil {
+			h.n.setAttr(&a)
+			h.n.mu.Lock()
+			h.n.openChange = a.Change
+			h.n.mu.Unlock()
+		}
+	}
+	return 0
+}
+
+// Fsync writes out and COMMITs.
+func (h *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	ctx = uninterrupted(ctx)
+	h.n.fsys.Stats.Fsyncs.Add(1)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.syncLocked(ctx); err != nil {
+		return h.n.errno("fsync", err)
+	}
+	return 0
+}
+
+// Release CLOSEs the open state after the last close of the file.
+func (h *file) Release(ctx context.Context) syscall.Errno {
+	ctx = uninterrupted(ctx)
+	return h.release(ctx)
+}
+
+func (h *file) release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	if h.released {
+		h.mu.Unlock()
+		return 0
+	}
+	h.released = true
+	h.n.fsys.startClose(h)
+	defer h.n.fsys.doneClose()
+	err := h.syncLocked(ctx)
+	h.n.removeWriter(h)
+	h.mu.Unlock()
+	cerr := h.n.fsys.c.CloseFile(ctx, h.cred, h.of)
+	if h.n.fsys.tr.On(trace.FUSE) {
+		h.n.fsys.trace("RELEASE ino=%d stateid=%d:%x close=%v", h.n.StableAttr().Ino, h.of.StateID.Seq, h.of.StateID.Other, cerr)
+	}
+	if err != nil {
+		return h.n.errno("release", err)
+	}
+	if cerr != nil {
+		return h.n.errno("CLOSE", cerr)
+	}
+	return 0
+}
+
+func (n *node) addWriter(h *file) {
+	f, ino := n.fsys, n.StableAttr().Ino
+	f.mu.Lock()
+	if f.writers[ino] == nil {
+		f.writers[ino] = make(map[*file]struct{})
+	}
+	f.writers[ino][h] = struct{}{}
+	f.mu.Unlock()
+}
+
+func (n *node) removeWriter(h *file) {
+	f, ino := n.fsys, n.StableAttr().Ino
+	f.mu.Lock()
+	delete(f.writers[ino], h)
+	if len(f.writers[ino]) == 0 {
+		delete(f.writers, ino)
+	}
+	f.mu.Unlock()
+}
+
+// flushWriters sends what open files of n buffer, so that a READ or
+// GETATTR sees every byte written through this mount.
+func (n *node) flushWriters(ctx context.Context) syscall.Errno {
+	f, ino := n.fsys, n.StableAttr().Ino
+	f.mu.Lock()
+	ws := f.writers[ino]
+	if len(ws) == 0 {
+		f.mu.Unlock()
+		return 0
+	}
+	hs := make([]*file, 0, len(ws))
+	for h := range ws {
+		hs = append(hs, h)
+	}
+	f.mu.Unlock()
+	for _, h := range hs {
+		h.mu.Lock()
+		err := h.writeOutLocked(ctx)
+		h.mu.Unlock()
+		if err != nil {
+			return n.errno("write", err)
+		}
+	}
+	return 0
+}
+
+func (h *file) traceOpen(op string, flags, fuseFlags uint32) {
+	if !h.n.fsys.tr.On(trace.FUSE) {
+		return
+	}
+	h.n.fsys.trace("%s ino=%d flags=%#o share_access=%d stateid=%d:%x keep_cache=%v", op, h.n.StableAttr().Ino,
+		flags, h.access, h.of.StateID.Seq, h.of.StateID.Other, fuseFlags&gofuse.FOPEN_KEEP_CACHE != 0)
+}

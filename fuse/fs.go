@@ -1,0 +1,269 @@
+// Package fuse serves an NFSv4.1 export as a FUSE file system: it turns
+// the kernel's FUSE requests (through go-fuse v2's fs package) into
+// nfsclient calls, keeps the attribute and entry caches with nfs(5)'s
+// ac* timeouts, maps FUSE opens to NFSv4.1 OPEN state, buffers writes into
+// UNSTABLE WRITEs committed on flush and fsync, and answers READDIRPLUS
+// from the attributes READDIR returned.
+//
+//	c, _ := nfsclient.Dial(ctx, nfsclient.Config{Transport: tr, Export: "/export"})
+//	m, err := fuse.Serve(ctx, c, "/mnt", fuse.Options{FSName: "server:/export"})
+//	...
+//	m.Wait()              // until umount
+//	m.Shutdown(ctx)       // flush, CLOSE open state, DESTROY_SESSION
+package fuse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfsclient"
+)
+
+// Options tune a mount. Zero values take nfs(5)'s defaults.
+type Options struct {
+	// FSName is shown as the source in /proc/mounts ("server:/export").
+	FSName string
+	// AcRegMin .. AcDirMax are the attribute cache timeouts of nfs(5):
+	// an attribute stays cached for at least the min and, while the file
+	// does not change, up to the max. NoAC turns caching off (actimeo=0).
+	AcRegMin, AcRegMax time.Duration
+	AcDirMin, AcDirMax time.Duration
+	NoAC               bool
+	// ReadOnly mounts read-only (ro).
+	ReadOnly bool
+	// AllowOther lets users other than the mounting one use the mount.
+	AllowOther bool
+	// MaxIO is the largest FUSE READ and WRITE (MaxWrite, max_read); zero
+	// means 1 MiB.
+	MaxIO int
+	// Tracer receives FUSE trace events; nil traces nothing.
+	Tracer *trace.Tracer
+	// Debug logs every FUSE request (go-fuse's own debug output).
+	Debug bool
+}
+
+func (o *Options) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if o.NoAC {
+		o.AcRegMin, o.AcRegMax, o.AcDirMin, o.AcDirMax = 0, 0, 0, 0
+	} else {
+		// nfs(5): acregmin=3 acregmax=60 acdirmin=30 acdirmax=60.
+		def(&o.AcRegMin, 3*time.Second)
+		def(&o.AcRegMax, 60*time.Second)
+		def(&o.AcDirMin, 30*time.Second)
+		def(&o.AcDirMax, 60*time.Second)
+		o.AcRegMax = max(o.AcRegMax, o.AcRegMin)
+		o.AcDirMax = max(o.AcDirMax, o.AcDirMin)
+	}
+	if o.MaxIO <= 0 {
+		o.MaxIO = 1 << 20
+	}
+}
+
+// Counters are the FUSE layer's own statistics.
+type Counters struct {
+	Reads, ReadBytes   atomic.Uint64
+	Writes, WriteBytes atomic.Uint64
+	Opens, Creates     atomic.Uint64
+	Lookups, Readdirs  atomic.Uint64
+	Flushes, Fsyncs    atomic.Uint64
+	WriteErrors        atomic.Uint64
+}
+
+// FS is the state shared by all nodes of one mount.
+type FS struct {
+	c    *nfsclient.Client
+	opts Options
+	tr   *trace.Tracer
+
+	// bg outlives single requests: UNSTABLE WRITEs run on it after the
+	// FUSE WRITE that buffered them has returned.
+	bg       context.Context
+	bgCancel context.CancelFunc
+
+	creds credCache
+
+	mu    sync.Mutex
+	files map[*file]struct{} // open regular files
+	// writers are the open files with buffered writes, by fileid: a
+	// file's handle may belong to another node object than the one the
+	// kernel uses for the same fileid (go-fuse merges racing lookups).
+	writers map[uint64]map[*file]struct{}
+	closing int        // releases in progress
+	closed  *sync.Cond // signalled when closing drops
+
+	// Stats are the FUSE layer's counters.
+	Stats Counters
+}
+
+// Mount is a live FUSE mount of an NFS export.
+type Mount struct {
+	Server *gofuse.Server
+	FS     *FS
+	Dir    string
+}
+
+// Serve mounts c's export on dir and starts serving it. It returns once
+// the kernel has the mount (a stat of dir already goes to the NFS server).
+func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (*Mount, error) {
+	opts.setDefaults()
+	f := &FS{
+		c:       c,
+		opts:    opts,
+		tr:      opts.Tracer,
+		files:   make(map[*file]struct{}),
+		writers: make(map[uint64]map[*file]struct{}),
+	}
+	f.closed = sync.NewCond(&f.mu)
+	f.bg, f.bgCancel = context.WithCancel(context.Background())
+	cred := c.Cred(0, 0, nil)
+	a, err := c.GetAttr(ctx, cred, c.RootFH())
+	if err != nil {
+		return nil, fmt.Errorf("getattr of export root: %w", err)
+	}
+	root := f.newNode(c.RootFH(), &a)
+
+	zero := time.Duration(0)
+	mo := gofuse.MountOptions{
+		FsName:         opts.FSName,
+		Name:           "rdmafs",
+		MaxWrite:       opts.MaxIO,
+		MaxReadAhead:   opts.MaxIO,
+		AllowOther:     opts.AllowOther,
+		DisableXAttrs:  true,
+		Debug:          opts.Debug,
+		DisableSplice:  true, // replies are in memory already; a pipe adds a copy
+		MaxBackground:  64,
+		DirectMount:    true,
+		EnableLocks:    false,
+		RememberInodes: false,
+	}
+	// The server checks every request against the caller's AUTH_SYS
+	// uid, gid and groups. The kernel checks too (default_permissions),
+	// from the cached mode and owner: without it, FUSE does not check
+	// search permission on directories whose entries it has cached, so a
+	// path walk could pass a directory the caller may not enter, which
+	// the kernel NFS client prevents with ACCESS on each walk.
+	mo.Options = append(mo.Options, "default_permissions")
+	if opts.ReadOnly {
+		mo.Options = append(mo.Options, "ro")
+	}
+	if opts.Debug {
+		mo.Logger = log.New(os.Stderr, "fuse: ", log.Lmicroseconds)
+	}
+	fo := &fs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &zero, // set per entry from the ac* options
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		NullPermissions: true,
+		RootStableAttr:  &fs.StableAttr{Ino: a.FileID},
+	}
+	srv, err := fs.Mount(dir, root, fo)
+	if err != nil {
+		f.bgCancel()
+		return nil, fmt.Errorf("fuse mount on %s: %w", dir, err)
+	}
+	setReadAhead(dir, readAheadKB)
+	return &Mount{Server: srv, FS: f, Dir: dir}, nil
+}
+
+// readAheadKB is the kernel's read-ahead for the mount: several READs in
+// flight for sequential reads, as the Linux client's 15 x rsize.
+const readAheadKB = 4096
+
+// setReadAhead raises the read-ahead of the mount's backing device info
+// (FUSE starts at 128 KiB). It needs root; without it the default stays.
+func setReadAhead(dir string, kb int) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	os.WriteFile(p, []byte(strconv.Itoa(kb)), 0o644)
+}
+
+// Wait blocks until the file system is unmounted.
+func (m *Mount) Wait() { m.Server.Wait() }
+
+// Unmount asks the kernel to unmount the file system.
+func (m *Mount) Unmount() error { return m.Server.Unmount() }
+
+// Shutdown writes back what open files still buffer, CLOSEs their open
+// state and ends the client's session and client ID (RFC 8881 s18.37,
+// s18.50). Call it after Wait returned.
+func (m *Mount) Shutdown(ctx context.Context) error {
+	f := m.FS
+	f.mu.Lock()
+	var files []*file
+	for h := range f.files {
+		files = append(files, h)
+	}
+	f.mu.Unlock()
+	var errs []error
+	for _, h := range files {
+		if errno := h.release(ctx); errno != 0 {
+			errs = append(errs, fmt.Errorf("close open file: %w", errno))
+		}
+	}
+	// RELEASEs the kernel sent just before the unmount may still be
+	// running: the client ID can only go once their CLOSEs are done
+	// (RFC 8881 s18.50.3, NFS4ERR_CLIENTID_BUSY).
+	f.mu.Lock()
+	for f.closing > 0 {
+		f.closed.Wait()
+	}
+	f.mu.Unlock()
+	f.bgCancel()
+	if err := f.c.Close(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("destroy session: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Client returns the NFS client behind the mount.
+func (f *FS) Client() *nfsclient.Client { return f.c }
+
+func (f *FS) trace(format string, args ...any) {
+	if f.tr.On(trace.FUSE) {
+		f.tr.Printf(trace.FUSE, format, args...)
+	}
+}
+
+func (f *FS) addFile(h *file) {
+	f.mu.Lock()
+	f.files[h] = struct{}{}
+	f.mu.Unlock()
+}
+
+// startClose marks h as being closed; the file stays counted until
+// doneClose, so Shutdown can wait for its CLOSE.
+func (f *FS) startClose(h *file) {
+	f.mu.Lock()
+	delete(f.files, h)
+	f.closing++
+	f.mu.Unlock()
+}
+
+func (f *FS) doneClose() {
+	f.mu.Lock()
+	f.closing--
+	f.closed.Broadcast()
+	f.mu.Unlock()
+}

@@ -1,0 +1,389 @@
+package fuse
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfsclient"
+)
+
+// node is one file, directory or other object of the export. Its inode
+// number is the NFS fileid; it keeps the file handle and the attributes
+// last seen.
+type node struct {
+	fs.Inode
+	fsys *FS
+	fh   []byte
+
+	mu        sync.Mutex
+	attr      nfsclient.Attr
+	attrSet   bool
+	acTimeout time.Duration
+	// openChange is the change attribute when the kernel's page cache
+	// was last known to match the server (close-to-open, RFC 8881
+	// s10.3.1 as the Linux client does it).
+	openChange uint64
+	cacheValid bool
+}
+
+var (
+	_ = (fs.NodeLookuper)((*node)(nil))
+	_ = (fs.NodeGetattrer)((*node)(nil))
+	_ = (fs.NodeSetattrer)((*node)(nil))
+	_ = (fs.NodeAccesser)((*node)(nil))
+	_ = (fs.NodeStatfser)((*node)(nil))
+	_ = (fs.NodeReadlinker)((*node)(nil))
+	_ = (fs.NodeMkdirer)((*node)(nil))
+	_ = (fs.NodeMknoder)((*node)(nil))
+	_ = (fs.NodeSymlinker)((*node)(nil))
+	_ = (fs.NodeLinker)((*node)(nil))
+	_ = (fs.NodeUnlinker)((*node)(nil))
+	_ = (fs.NodeRmdirer)((*node)(nil))
+	_ = (fs.NodeRenamer)((*node)(nil))
+	_ = (fs.NodeCreater)((*node)(nil))
+	_ = (fs.NodeOpener)((*node)(nil))
+	_ = (fs.NodeOpendirHandler)((*node)(nil))
+)
+
+func (f *FS) newNode(fh []byte, a *nfsclient.Attr) *node {
+	n := &node{fsys: f, fh: append([]byte(nil), fh...)}
+	n.setAttr(a)
+	return n
+}
+
+// child returns the inode for name, an object found in directory parent,
+// and fills out. An inode the kernel already has under that name is
+// reused with fresh attributes; otherwise a new one is made, which
+// go-fuse merges with any inode of the same fileid (a hard link, or a
+// racing lookup).
+func (f *FS) child(ctx context.Context, parent *node, name string, fh []byte, a *nfsclient.Attr, out *gofuse.EntryOut) *fs.Inode {
+	id := fs.StableAttr{Mode: typeBits(a.Type), Ino: a.FileID}
+	if old := parent.GetChild(name); old != nil && old.StableAttr() == id {
+		if n, ok := old.Operations().(*node); ok {
+			n.setAttr(a)
+			if len(fh) > 0 {
+				n.mu.Lock()
+				n.fh = append(n.fh[:0:0], fh...)
+				n.mu.Unlock()
+			}
+			n.entryOut(out)
+			return old
+		}
+	}
+	n := f.newNode(fh, a)
+	n.entryOut(out)
+	return parent.NewInode(ctx, n, id)
+}
+
+func (n *node) handle() []byte {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.fh
+}
+
+// uninterrupted detaches ctx from FUSE interrupts (the kernel sends one
+// when the calling thread gets any signal, Go's preemption signal too).
+// Operations that change state on the server run to completion: an OPEN
+// abandoned half-way would leave open state nobody closes, a cancelled
+// COMMIT would poison the file's write error.
+func uninterrupted(ctx context.Context) context.Context {
+	return context.WithoutCancel(ctx)
+}
+
+// errno maps err for the kernel: nfsclient.Errno for NFS and transport
+// errors, EINTR for a call the kernel interrupted (the caller retries,
+// as Go's os package and libc's SA_RESTART do).
+func (n *node) errno(op string, err error) syscall.Errno {
+	e := nfsclient.Errno(err)
+	if errors.Is(err, context.Canceled) {
+		e = syscall.EINTR
+	}
+	if n.fsys.tr.On(trace.FUSE) {
+		n.fsys.trace("%s ino=%d err=%v errno=%d", op, n.StableAttr().Ino, err, e)
+	}
+	return e
+}
+
+// Lookup finds name with LOOKUP+GETFH+GETATTR.
+func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	n.fsys.Stats.Lookups.Add(1)
+	fh, a, err := n.fsys.c.Lookup(ctx, n.fsys.cred(ctx), n.handle(), name)
+	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			return nil, syscall.EINTR
+		}
+		return nil, nfsclient.Errno(err)
+	}
+	if n.fsys.tr.On(trace.FUSE) {
+		n.fsys.trace("LOOKUP dir=%d name=%q -> ino=%d type=%d size=%d", n.StableAttr().Ino, name, a.FileID, a.Type, a.Size)
+	}
+	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+}
+
+// Getattr sends GETATTR: the kernel asks only when its cached attributes
+// have expired. Buffered writes go out first so size and mtime are right.
+func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
+	if errno := n.flushWriters(ctx); errno != 0 {
+		return errno
+	}
+	a, err := n.fsys.c.GetAttr(ctx, n.fsys.cred(ctx), n.handle())
+	if err != nil {
+		return n.errno("GETATTR", err)
+	}
+	n.setAttr(&a)
+	n.attrOut(out)
+	if n.fsys.tr.On(trace.FUSE) {
+		n.fsys.trace("GETATTR ino=%d size=%d change=%d timeout=%v", a.FileID, a.Size, a.Change, out.Timeout())
+	}
+	return 0
+}
+
+// Setattr covers chmod, chown, truncate and utimens with one SETATTR.
+func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	ctx = uninterrupted(ctx)
+	if errno := n.flushWriters(ctx); errno != 0 {
+		return errno
+	}
+	var sa nfsclient.SetAttr
+	if m, ok := in.GetMode(); ok {
+		m &= 07777
+		sa.Mode = &m
+	}
+	if v, ok := in.GetUID(); ok {
+		sa.UID = &v
+	}
+	if v, ok := in.GetGID(); ok {
+		sa.GID = &v
+	}
+	if v, ok := in.GetSize(); ok {
+		sa.Size = &v
+	}
+	if in.Valid&gofuse.FATTR_ATIME != 0 {
+		if in.Valid&gofuse.FATTR_ATIME_NOW != 0 {
+			sa.AtimeNow = true
+		} else {
+			t := time.Unix(int64(in.Atime), int64(in.Atimensec))
+			sa.Atime = &t
+		}
+	}
+	if in.Valid&gofuse.FATTR_MTIME != 0 {
+		if in.Valid&gofuse.FATTR_MTIME_NOW != 0 {
+			sa.MtimeNow = true
+		} else {
+			t := time.Unix(int64(in.Mtime), int64(in.Mtimensec))
+			sa.Mtime = &t
+		}
+	}
+	// A size change needs a stateid (RFC 8881 s18.30): the open file's
+	// when there is one, otherwise the anonymous stateid (s8.2.3).
+	var sid nfsclient.StateID
+	if h, ok := fh.(*file); ok && sa.Size != nil {
+		sid = h.of.StateID
+	}
+	cred := n.fsys.cred(ctx)
+	var a nfsclient.Attr
+	var err error
+	if sa.Empty() {
+		a, err = n.fsys.c.GetAttr(ctx, cred, n.handle())
+	} else {
+		a, err = n.fsys.c.SetAttr(ctx, cred, n.handle(), sid, &sa)
+	}
+	if err != nil {
+		return n.errno("SETATTR", err)
+	}
+	n.setAttr(&a)
+	if sa.Size != nil {
+		n.mu.Lock()
+		n.openChange = a.Change // our own truncate keeps the cache valid
+		n.mu.Unlock()
+	}
+	n.attrOut(out)
+	if n.fsys.tr.On(trace.FUSE) {
+		n.fsys.trace("SETATTR ino=%d valid=%#x size=%d mode=%o", a.FileID, in.Valid, a.Size, a.Mode)
+	}
+	return 0
+}
+
+// Access asks the server with ACCESS (RFC 8881 s18.1).
+func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
+	isDir := n.StableAttr().Mode == syscall.S_IFDIR
+	var want uint32
+	if mask&unix.R_OK != 0 {
+		want |= nfsclient.AccessRead
+	}
+	if mask&unix.W_OK != 0 {
+		want |= nfsclient.AccessModify | nfsclient.AccessExtend
+		if isDir {
+			want |= nfsclient.AccessDelete
+		}
+	}
+	if mask&unix.X_OK != 0 {
+		if isDir {
+			want |= nfsclient.AccessLookup
+		} else {
+			want |= nfsclient.AccessExecute
+		}
+	}
+	if want == 0 {
+		return 0
+	}
+	got, err := n.fsys.c.Access(ctx, n.fsys.cred(ctx), n.handle(), want)
+	if err != nil {
+		return n.errno("ACCESS", err)
+	}
+	if got&want != want {
+		return syscall.EACCES
+	}
+	return 0
+}
+
+// Statfs reports the export's space and file counts.
+func (n *node) Statfs(ctx context.Context, out *gofuse.StatfsOut) syscall.Errno {
+	a, err := n.fsys.c.StatFS(ctx, n.fsys.cred(ctx), n.handle())
+	if err != nil {
+		return n.errno("STATFS", err)
+	}
+	const bsize = 4096
+	out.Bsize = bsize
+	out.Frsize = bsize
+	out.Blocks = a.SpaceTotal / bsize
+	out.Bfree = a.SpaceFree / bsize
+	out.Bavail = a.SpaceAvail / bsize
+	out.Files = a.FilesTotal
+	out.Ffree = a.FilesFree
+	out.NameLen = a.MaxName
+	if out.NameLen == 0 {
+		out.NameLen = 255
+	}
+	return 0
+}
+
+// Readlink sends READLINK.
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	s, err := n.fsys.c.Readlink(ctx, n.fsys.cred(ctx), n.handle())
+	if err != nil {
+		return nil, n.errno("READLINK", err)
+	}
+	return []byte(s), 0
+}
+
+// Mkdir sends CREATE of an NF4DIR.
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterrupted(ctx)
+	fh, a, err := n.fsys.c.Mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
+	if err != nil {
+		return nil, n.errno("MKDIR", err)
+	}
+	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+}
+
+// Mknod creates fifos, sockets and devices with CREATE, regular files
+// with OPEN(create)+CLOSE.
+func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterrupted(ctx)
+	cred := n.fsys.cred(ctx)
+	var typ nfsclient.FileType
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFIFO:
+		typ = nfsclient.TypeFifo
+	case syscall.S_IFSOCK:
+		typ = nfsclient.TypeSock
+	case syscall.S_IFCHR:
+		typ = nfsclient.TypeChr
+	case syscall.S_IFBLK:
+		typ = nfsclient.TypeBlk
+	case syscall.S_IFREG, 0:
+		of, err := n.fsys.c.Open(ctx, cred, n.handle(), name, nfsclient.OpenArgs{
+			Access: nfsclient.ShareAccessWrite, Create: nfsclient.Guarded, Attr: sattrFromMode(mode)})
+		if err != nil {
+			return nil, n.errno("OPEN", err)
+		}
+		if err := n.fsys.c.CloseFile(ctx, cred, of); err != nil {
+			return nil, n.errno("CLOSE", err)
+		}
+		return n.fsys.child(ctx, n, name, of.FH, &of.Attr, out), 0
+	default:
+		return nil, syscall.EINVAL
+	}
+	fh, a, err := n.fsys.c.Mknod(ctx, cred, n.handle(), name, typ, unix.Major(uint64(dev)), unix.Minor(uint64(dev)), sattrFromMode(mode))
+	if err != nil {
+		return nil, n.errno("MKNOD", err)
+	}
+	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+}
+
+// Symlink sends CREATE of an NF4LNK.
+func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterrupted(ctx)
+	fh, a, err := n.fsys.c.Symlink(ctx, n.fsys.cred(ctx), n.handle(), name, target, nil)
+	if err != nil {
+		return nil, n.errno("SYMLINK", err)
+	}
+	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+}
+
+// Link sends LINK and returns the target's inode with its new link count.
+func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterrupted(ctx)
+	t, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	a, err := n.fsys.c.Link(ctx, n.fsys.cred(ctx), t.handle(), n.handle(), name)
+	if err != nil {
+		return nil, n.errno("LINK", err)
+	}
+	return n.fsys.child(ctx, n, name, t.handle(), &a, out), 0
+}
+
+// Unlink sends REMOVE. The kernel has already checked that name is not a
+// directory.
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	ctx = uninterrupted(ctx)
+	if err := n.fsys.c.Remove(ctx, n.fsys.cred(ctx), n.handle(), name); err != nil {
+		return n.errno("REMOVE", err)
+	}
+	return 0
+}
+
+// Rmdir sends REMOVE; the server refuses a directory that is not empty.
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return n.Unlink(ctx, name)
+}
+
+// Rename sends RENAME, which replaces an existing target (RFC 8881
+// s18.26.4). RENAME_NOREPLACE is checked with a LOOKUP first (not atomic);
+// RENAME_EXCHANGE has no NFS counterpart.
+func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	ctx = uninterrupted(ctx)
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	cred := n.fsys.cred(ctx)
+	switch flags {
+	case 0:
+	case unix.RENAME_NOREPLACE:
+		_, _, err := n.fsys.c.Lookup(ctx, cred, np.handle(), newName)
+		if err == nil {
+			return syscall.EEXIST
+		}
+		if e := nfsclient.Errno(err); e != syscall.ENOENT {
+			return e
+		}
+	default:
+		return syscall.EINVAL
+	}
+	if err := n.fsys.c.Rename(ctx, cred, n.handle(), name, np.handle(), newName); err != nil {
+		return n.errno("RENAME", err)
+	}
+	return 0
+}
