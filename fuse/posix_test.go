@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 func TestMain(m *testing.M) { testpeer.Main(m) }
@@ -25,17 +28,67 @@ func TestMain(m *testing.M) { testpeer.Main(m) }
 // peer is a real NFSv4.1 server.
 type peer struct {
 	name, addr, export string
+	rdma, v2           bool // RPC-over-RDMA (version 2 only when v2)
+	limitsOf           string
 }
 
 func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
 	t.Run("knfsd", func(t *testing.T) {
 		k := testpeer.RequireKnfsd(t)
-		f(t, peer{"knfsd", k.TCPAddr, "/"})
+		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", limitsOf: "knfsd"})
 	})
 	t.Run("ganesha", func(t *testing.T) {
 		g := testpeer.RequireGanesha(t)
-		f(t, peer{"ganesha", g.Addr, g.Export})
+		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export, limitsOf: "ganesha"})
 	})
+	// The same over RPC-over-RDMA: knfsd's RDMA listener (negotiation
+	// falls back to version 1), and version 2 through our responder
+	// relaying to ganesha.
+	t.Run("knfsd-rdma", func(t *testing.T) {
+		k := testpeer.RequireKnfsd(t)
+		f(t, peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", rdma: true, limitsOf: "knfsd"})
+	})
+	t.Run("ganesha-rdma-v2", func(t *testing.T) {
+		g := testpeer.RequireGanesha(t)
+		f(t, peer{name: "ganesha-rdma-v2", addr: requireV2Relay(t, g), export: g.Export, rdma: true, v2: true, limitsOf: "ganesha"})
+	})
+}
+
+// transport makes p's RPC transport.
+func (p peer) transport() oncrpc.Transport {
+	if !p.rdma {
+		return oncrpc.NewTCPTransport(p.addr, oncrpc.TCPOptions{})
+	}
+	cfg := rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true}
+	if p.v2 {
+		cfg.Version, cfg.XChars = rpcrdma.Version2, true
+	}
+	return rpcrdma.NewTransport(p.addr, cfg)
+}
+
+// v2Relay is an RPC-over-RDMA version-2 responder relaying to ganesha.
+var v2Relay struct {
+	once sync.Once
+	addr string
+	err  error
+}
+
+func requireV2Relay(t *testing.T, g *testpeer.Ganesha) string {
+	v2Relay.once.Do(func() {
+		tcp := oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{})
+		resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{
+			Provider: &iwarp.Provider{}, Handler: oncrpc.Relay(tcp, time.Minute), ReplyBulk: nfsclient.ReplyBulk,
+			MaxVersion: rpcrdma.Version2, XChars: true, RemoteInvalidate: true, Credits: 64,
+		})
+		if err == nil {
+			v2Relay.addr = resp.Addr()
+		}
+		v2Relay.err = err
+	})
+	if v2Relay.err != nil {
+		t.Fatalf("version-2 relay: %v", v2Relay.err)
+	}
+	return v2Relay.addr
 }
 
 // mountPeer mounts p's export in this process and unmounts it when the
@@ -45,7 +98,7 @@ func mountPeer(t *testing.T, p peer, opts fuse.Options) (string, *fuse.Mount) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := nfsclient.Dial(ctx, nfsclient.Config{
-		Transport: oncrpc.NewTCPTransport(p.addr, oncrpc.TCPOptions{}),
+		Transport: p.transport(),
 		Export:    p.export,
 		RPC:       oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 3},
 		Tracer:    opts.Tracer,
@@ -152,7 +205,7 @@ func TestPosix(t *testing.T) {
 				if why, ok := unsupported[name]; ok {
 					t.Skip(why)
 				}
-				if why, ok := serverLimits[p.name][name]; ok {
+				if why, ok := serverLimits[p.limitsOf][name]; ok {
 					t.Skip(why)
 				}
 				d := freshDir(t, mnt)

@@ -16,6 +16,10 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 func TestMain(m *testing.M) { testpeer.Main(m) }
@@ -27,6 +31,7 @@ type peer struct {
 	port   string
 	export string
 	knfsd  *testpeer.Knfsd
+	opts   []string // extra mount options (proto=rdma, rdmavers=2)
 }
 
 func (p peer) source() string { return p.host + ":" + p.export }
@@ -44,6 +49,50 @@ func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
 		host, port := splitAddr(t, g.Addr)
 		f(t, peer{name: "ganesha", host: host, port: port, export: g.Export})
 	})
+}
+
+// forEachTransport runs f like forEachPeer, and also over RPC-over-RDMA:
+// against knfsd's RDMA listener (version 2 probe, fallback to version 1)
+// and against an in-process version-2 responder relaying to ganesha (no
+// public server speaks version 2).
+func forEachTransport(t *testing.T, f func(t *testing.T, p peer)) {
+	forEachPeer(t, f)
+	t.Run("knfsd-rdma", func(t *testing.T) {
+		k := testpeer.RequireKnfsd(t)
+		host, port := splitAddr(t, k.RDMAAddr)
+		f(t, peer{name: "knfsd-rdma", host: host, port: port, export: "/", knfsd: k, opts: []string{"proto=rdma"}})
+	})
+	t.Run("ganesha-rdma-v2", func(t *testing.T) {
+		g := testpeer.RequireGanesha(t)
+		host, port := splitAddr(t, requireV2Relay(t, g))
+		f(t, peer{name: "ganesha-rdma-v2", host: host, port: port, export: g.Export, opts: []string{"proto=rdma", "rdmavers=2"}})
+	})
+}
+
+// v2Relay is an RPC-over-RDMA version-2 responder relaying to ganesha
+// over TCP with the NFSv4 upper-layer binding, one per test binary.
+var v2Relay struct {
+	once sync.Once
+	addr string
+	err  error
+}
+
+func requireV2Relay(t *testing.T, g *testpeer.Ganesha) string {
+	v2Relay.once.Do(func() {
+		tcp := oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{})
+		resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{
+			Provider: &iwarp.Provider{}, Handler: oncrpc.Relay(tcp, time.Minute), ReplyBulk: nfsclient.ReplyBulk,
+			MaxVersion: rpcrdma.Version2, XChars: true, RemoteInvalidate: true, Credits: 64,
+		})
+		v2Relay.addr, v2Relay.err = "", err
+		if err == nil {
+			v2Relay.addr = resp.Addr()
+		}
+	})
+	if v2Relay.err != nil {
+		t.Fatalf("version-2 relay: %v", v2Relay.err)
+	}
+	return v2Relay.addr
 }
 
 func splitAddr(t *testing.T, addr string) (string, string) {
@@ -113,7 +162,7 @@ func mount(t *testing.T, p peer, opts ...string) string {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	o := append([]string{"port=" + p.port}, opts...)
+	o := append(append([]string{"port=" + p.port}, p.opts...), opts...)
 	args := []string{"mount", "-o", strings.Join(o, ","), p.source(), dir}
 	if v := os.Getenv("RDMAFS_TEST_TRACE"); v != "" {
 		args = append([]string{"mount", "-v", v, "--log", filepath.Join(os.TempDir(), "rdmafs-test.log")}, args[1:]...)

@@ -36,7 +36,7 @@ func knfsdClients(t *testing.T, p peer) map[string]string {
 // no client on knfsd, no process and no mount behind, even with a file
 // written but still buffered when the unmount started.
 func TestUmountCleansUp(t *testing.T) {
-	forEachPeer(t, func(t *testing.T, p peer) {
+	forEachTransport(t, func(t *testing.T, p peer) {
 		var before map[string]string
 		if p.knfsd != nil {
 			before = knfsdClients(t, p)

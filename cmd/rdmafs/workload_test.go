@@ -14,7 +14,7 @@ import (
 // TestMountSmoke mounts each server in the background, does a few file
 // operations with shell tools, reads the stats and unmounts.
 func TestMountSmoke(t *testing.T) {
-	forEachPeer(t, func(t *testing.T, p peer) {
+	forEachTransport(t, func(t *testing.T, p peer) {
 		mnt := mount(t, p)
 		d := testDir(t, mnt)
 		out := sh(t, time.Minute, `cd `+d+` && echo hello > a && cat a && ls -la && mkdir sub && mv a sub/b && cat sub/b && df -h . | tail -1`)
@@ -39,7 +39,7 @@ func TestCopy100MiB(t *testing.T) {
 	src := filepath.Join(local, "big")
 	sh(t, time.Minute, "head -c 104857600 /dev/urandom > "+src)
 	want := strings.Fields(sh(t, time.Minute, "sha256sum "+src))[0]
-	forEachPeer(t, func(t *testing.T, p peer) {
+	forEachTransport(t, func(t *testing.T, p peer) {
 		mnt := mount(t, p)
 		d := testDir(t, mnt)
 		defer os.RemoveAll(d)
@@ -80,7 +80,7 @@ func TestTarTree(t *testing.T) {
 	tarball := filepath.Join(local, "src.tar")
 	sh(t, 2*time.Minute, fmt.Sprintf("cd %s/src && tar cf %s %s", goroot, tarball, strings.Join(treeDirs, " ")))
 	nfiles := atoi(t, sh(t, time.Minute, "tar tf "+tarball+" | wc -l"))
-	forEachPeer(t, func(t *testing.T, p peer) {
+	forEachTransport(t, func(t *testing.T, p peer) {
 		mnt := mount(t, p)
 		d := testDir(t, mnt)
 		start := time.Now()
@@ -105,7 +105,7 @@ func TestTarTree(t *testing.T) {
 // TestNamespaceTools runs mkdir -p, mv across directories, ln, ln -s,
 // chmod, chown, touch -d, df and rm -rf through the mount.
 func TestNamespaceTools(t *testing.T) {
-	forEachPeer(t, func(t *testing.T, p peer) {
+	forEachTransport(t, func(t *testing.T, p peer) {
 		mnt := mount(t, p)
 		d := testDir(t, mnt)
 		out := sh(t, 5*time.Minute, `
@@ -149,7 +149,7 @@ echo ok
 // TestAppendTwoWriters has two processes append lines to one file with
 // O_APPEND (the shell's >>) and checks that no line was lost.
 func TestAppendTwoWriters(t *testing.T) {
-	forEachPeer(t, func(t *testing.T, p peer) {
+	forEachTransport(t, func(t *testing.T, p peer) {
 		mnt := mount(t, p)
 		d := testDir(t, mnt)
 		defer os.RemoveAll(d)
