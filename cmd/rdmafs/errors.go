@@ -12,7 +12,7 @@ import (
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
-// Exit codes of rdmafs mount (also documented in USAGE.md).
+// Exit codes of rdmafs mount (also documented in README.md).
 const (
 	exitUsage      = 1  // bad command line or option
 	exitMountpoint = 2  // mountpoint missing, not a directory, or busy
