@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/fuse"
 	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/internal/testpeer/v2relay"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
@@ -50,7 +50,7 @@ func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
 	})
 	t.Run("ganesha-rdma-v2", func(t *testing.T) {
 		g := testpeer.RequireGanesha(t)
-		f(t, peer{name: "ganesha-rdma-v2", addr: requireV2Relay(t, g), export: g.Export, rdma: true, v2: true, limitsOf: "ganesha"})
+		f(t, peer{name: "ganesha-rdma-v2", addr: v2relay.Require(t), export: g.Export, rdma: true, v2: true, limitsOf: "ganesha"})
 	})
 }
 
@@ -64,31 +64,6 @@ func (p peer) transport() oncrpc.Transport {
 		cfg.Version, cfg.XChars = rpcrdma.Version2, true
 	}
 	return rpcrdma.NewTransport(p.addr, cfg)
-}
-
-// v2Relay is an RPC-over-RDMA version-2 responder relaying to ganesha.
-var v2Relay struct {
-	once sync.Once
-	addr string
-	err  error
-}
-
-func requireV2Relay(t *testing.T, g *testpeer.Ganesha) string {
-	v2Relay.once.Do(func() {
-		tcp := oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{})
-		resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{
-			Provider: &iwarp.Provider{}, Handler: oncrpc.Relay(tcp, time.Minute), ReplyBulk: nfsclient.ReplyBulk,
-			MaxVersion: rpcrdma.Version2, XChars: true, RemoteInvalidate: true, Credits: 64,
-		})
-		if err == nil {
-			v2Relay.addr = resp.Addr()
-		}
-		v2Relay.err = err
-	})
-	if v2Relay.err != nil {
-		t.Fatalf("version-2 relay: %v", v2Relay.err)
-	}
-	return v2Relay.addr
 }
 
 // mountPeer mounts p's export in this process and unmounts it when the

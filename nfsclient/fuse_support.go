@@ -2,7 +2,6 @@ package nfsclient
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
@@ -22,42 +21,13 @@ var plusAttrs = func() Bitmap {
 
 // ReadDirPlus reads one page of directory entries after cookie, like
 // ReadDir, with each entry's file handle in Attr.FileHandle (absent when
-// the server could not give it; Attr.RdattrErr then says why).
+// the server could not give it; Attr.RdattrErr then says why). maxBytes
+// 0 means 64 KiB.
 func (c *Client) ReadDirPlus(ctx context.Context, cred oncrpc.Credential, dir []byte, cookie uint64, verf [8]byte, maxBytes int) (ReadDirPage, error) {
-	if maxBytes <= 0 {
-		maxBytes = 64 << 10
-	}
-	maxBytes = min(maxBytes, c.rsize)
-	var p ReadDirPage
-	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
-		cp.readdir(cookie, verf, uint32(maxBytes), uint32(maxBytes), plusAttrs)
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		p.Entries, p.Verf, p.EOF, err = r.decodeReadDir(nil)
-		return err
-	})
-	return p, err
+	return c.readDir(ctx, cred, dir, cookie, verf, maxBytes, 64<<10, plusAttrs)
 }
 
 // ReadDirPlusAll reads a whole directory with ReadDirPlus.
 func (c *Client) ReadDirPlusAll(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]DirEntry, error) {
-	var all []DirEntry
-	var cookie uint64
-	var verf [8]byte
-	for {
-		p, err := c.ReadDirPlus(ctx, cred, dir, cookie, verf, 0)
-		if err != nil {
-			return all, err
-		}
-		all = append(all, p.Entries...)
-		if p.EOF {
-			return all, nil
-		}
-		if len(p.Entries) == 0 {
-			return all, fmt.Errorf("%w: READDIR returned no entries and no EOF", ErrProtocol)
-		}
-		cookie, verf = p.Entries[len(p.Entries)-1].Cookie, p.Verf
-	}
+	return c.readDirAll(ctx, cred, dir, c.ReadDirPlus)
 }

@@ -459,13 +459,24 @@ var dirAttrs = func() Bitmap {
 // ReadDir reads one page of directory entries after cookie. maxBytes
 // bounds the reply (maxcount); 0 means 32 KiB.
 func (c *Client) ReadDir(ctx context.Context, cred oncrpc.Credential, dir []byte, cookie uint64, verf [8]byte, maxBytes int) (ReadDirPage, error) {
+	return c.readDir(ctx, cred, dir, cookie, verf, max(maxBytes, 0), 32<<10, dirAttrs)
+}
+
+// ReadDirAll reads a whole directory.
+func (c *Client) ReadDirAll(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]DirEntry, error) {
+	return c.readDirAll(ctx, cred, dir, c.ReadDir)
+}
+
+// readDir sends one READDIR (RFC 8881 s18.23) asking for mask per entry;
+// maxBytes 0 means def.
+func (c *Client) readDir(ctx context.Context, cred oncrpc.Credential, dir []byte, cookie uint64, verf [8]byte, maxBytes, def int, mask Bitmap) (ReadDirPage, error) {
 	if maxBytes <= 0 {
-		maxBytes = 32 << 10
+		maxBytes = def
 	}
 	maxBytes = min(maxBytes, c.rsize)
 	var p ReadDirPage
 	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
-		cp.readdir(cookie, verf, uint32(maxBytes), uint32(maxBytes), dirAttrs)
+		cp.readdir(cookie, verf, uint32(maxBytes), uint32(maxBytes), mask)
 	}), func(r *results) (err error) {
 		if err := r.voidOp(opPutFH); err != nil {
 			return err
@@ -476,13 +487,15 @@ func (c *Client) ReadDir(ctx context.Context, cred oncrpc.Credential, dir []byte
 	return p, err
 }
 
-// ReadDirAll reads a whole directory.
-func (c *Client) ReadDirAll(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]DirEntry, error) {
+type readDirFunc func(ctx context.Context, cred oncrpc.Credential, dir []byte, cookie uint64, verf [8]byte, maxBytes int) (ReadDirPage, error)
+
+// readDirAll reads pages with page until the server says EOF.
+func (c *Client) readDirAll(ctx context.Context, cred oncrpc.Credential, dir []byte, page readDirFunc) ([]DirEntry, error) {
 	var all []DirEntry
 	var cookie uint64
 	var verf [8]byte
 	for {
-		p, err := c.ReadDir(ctx, cred, dir, cookie, verf, 0)
+		p, err := page(ctx, cred, dir, cookie, verf, 0)
 		if err != nil {
 			return all, err
 		}

@@ -16,10 +16,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/internal/testpeer"
-	"github.com/rdmafs/rdmafs/nfsclient"
-	"github.com/rdmafs/rdmafs/oncrpc"
-	"github.com/rdmafs/rdmafs/rpcrdma"
-	"github.com/rdmafs/rdmafs/verbs/iwarp"
+	"github.com/rdmafs/rdmafs/internal/testpeer/v2relay"
 )
 
 func TestMain(m *testing.M) { testpeer.Main(m) }
@@ -64,35 +61,9 @@ func forEachTransport(t *testing.T, f func(t *testing.T, p peer)) {
 	})
 	t.Run("ganesha-rdma-v2", func(t *testing.T) {
 		g := testpeer.RequireGanesha(t)
-		host, port := splitAddr(t, requireV2Relay(t, g))
+		host, port := splitAddr(t, v2relay.Require(t))
 		f(t, peer{name: "ganesha-rdma-v2", host: host, port: port, export: g.Export, opts: []string{"proto=rdma", "rdmavers=2"}})
 	})
-}
-
-// v2Relay is an RPC-over-RDMA version-2 responder relaying to ganesha
-// over TCP with the NFSv4 upper-layer binding, one per test binary.
-var v2Relay struct {
-	once sync.Once
-	addr string
-	err  error
-}
-
-func requireV2Relay(t *testing.T, g *testpeer.Ganesha) string {
-	v2Relay.once.Do(func() {
-		tcp := oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{})
-		resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{
-			Provider: &iwarp.Provider{}, Handler: oncrpc.Relay(tcp, time.Minute), ReplyBulk: nfsclient.ReplyBulk,
-			MaxVersion: rpcrdma.Version2, XChars: true, RemoteInvalidate: true, Credits: 64,
-		})
-		v2Relay.addr, v2Relay.err = "", err
-		if err == nil {
-			v2Relay.addr = resp.Addr()
-		}
-	})
-	if v2Relay.err != nil {
-		t.Fatalf("version-2 relay: %v", v2Relay.err)
-	}
-	return v2Relay.addr
 }
 
 func splitAddr(t *testing.T, addr string) (string, string) {
