@@ -483,7 +483,7 @@ func TestCloseDestroysClient(t *testing.T) {
 	}
 	owner := c.OwnerID()
 	count := func() int {
-		out, err := k.Exec(ctx, "cat /proc/fs/nfsd/clients/*/info 2>/dev/null")
+		out, err := k.Exec(ctx, "cat /proc/fs/nfsd/clients/*/info 2>/dev/null; true")
 		if err != nil {
 			t.Fatalf("exec: %v", err)
 		}
