@@ -313,6 +313,25 @@ func TestNamespaceOps(t *testing.T) {
 		if err := c.Rename(ctx, rootCred, dir, "sym", dir, "hard"); err != nil {
 			t.Fatalf("rename over existing: %v", err)
 		}
+		// EXCLUSIVE4_1 create (RFC 8881 s18.16.3): the same verifier again
+		// finds the file it made (a retransmitted OPEN); another one is
+		// EEXIST.
+		verf := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+		excl := OpenArgs{Access: ShareAccessWrite, Create: Exclusive41, Verifier: verf, Attr: &SetAttr{Mode: ptr(uint32(0o600))}}
+		for i := range 2 {
+			of, err := c.Open(ctx, rootCred, dir, "excl", excl)
+			if err != nil {
+				t.Fatalf("exclusive create, try %d: %v", i, err)
+			}
+			c.CloseFile(ctx, rootCred, of)
+		}
+		excl.Verifier[0] = 9
+		if _, err := c.Open(ctx, rootCred, dir, "excl", excl); Errno(err) != syscall.EEXIST {
+			t.Fatalf("exclusive create with another verifier: %v", err)
+		}
+		if err := c.Remove(ctx, rootCred, dir, "excl"); err != nil {
+			t.Fatal(err)
+		}
 		// errors map to errno
 		if _, _, err := c.Mkdir(ctx, rootCred, dir, "sub", nil); Errno(err) != syscall.EEXIST {
 			t.Fatalf("mkdir existing: %v", err)

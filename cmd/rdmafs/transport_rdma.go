@@ -76,6 +76,7 @@ func (t rdmaTransport) Stats() map[string]any {
 	if s.PeerAnnounced {
 		m["peer rbsize"] = s.Peer.RBSize
 		m["peer reqreminv"] = s.Peer.ReqRemInv
+		m["peer brs"] = s.Peer.BRS
 	}
 	return m
 }
