@@ -788,3 +788,28 @@ func TestCommitVerifierChangeResends(t *testing.T) {
 	}
 	c.CloseFile(ctx, rootCred, of)
 }
+
+// TestLeaseRenewalWhileIdle leaves a client idle for longer than a third
+// of the lease: it must renew with a SEQUENCE of its own (RFC 8881 s8.3).
+func TestLeaseRenewalWhileIdle(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	c := dial(t, peer{name: "ganesha", addr: g.Addr, export: g.Export}, oncrpc.TCPOptions{})
+	renewals := func() uint64 {
+		ops, _ := c.Snapshot()
+		for _, o := range ops {
+			if o.Op == "SEQUENCE" {
+				return o.Count
+			}
+		}
+		return 0
+	}
+	before := renewals()
+	// The loop wakes every lease/6 and renews after lease/3 of silence.
+	time.Sleep(c.LeaseTime()/3 + c.LeaseTime()/6 + 2*time.Second)
+	if renewals() <= before {
+		t.Fatalf("no lease renewal after %v idle (lease %v)", c.LeaseTime()/2, c.LeaseTime())
+	}
+	if _, err := c.GetAttr(testCtx(t), rootCred, c.RootFH()); err != nil {
+		t.Fatal(err)
+	}
+}
