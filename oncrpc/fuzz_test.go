@@ -2,40 +2,222 @@ package oncrpc
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"reflect"
 	"testing"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
 )
 
-// FuzzParseReply checks that no reply header, however malformed, makes
-// the parser panic or return results outside its input.
+// suffixOf reports whether sub is a suffix of msg by address: the same
+// memory, not just equal bytes. A decoder's "rest" must alias its input.
+func suffixOf(sub, msg []byte) bool {
+	if len(sub) > len(msg) {
+		return false
+	}
+	if len(sub) == 0 {
+		return true
+	}
+	return &sub[len(sub)-1] == &msg[len(msg)-1] && &sub[0] == &msg[len(msg)-len(sub)]
+}
+
+// within reports whether sub lies inside msg by address.
+func within(sub, msg []byte) bool {
+	if len(sub) == 0 {
+		return true
+	}
+	for i := 0; i+len(sub) <= len(msg); i++ {
+		if &msg[i] == &sub[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// FuzzParseReply checks ParseReply, ParseCall and ParseAuthSys on
+// arbitrary input: results and bodies alias the input; what is decoded
+// encodes back to a message that decodes to the same values; every
+// error is one of the documented kinds.
 func FuzzParseReply(f *testing.F) {
 	f.Add(mustHex(f, "00000001 00000001 00000000 00000000 00000000 00000000 cafebabe"))
 	f.Add(mustHex(f, "00000002 00000001 00000000 00000000 00000000 00000002 00000004 00000004"))
 	f.Add(mustHex(f, "00000003 00000001 00000001 00000001 00000005"))
+	f.Add(mustHex(f, "00000004 00000001 00000001 00000000 00000002 00000002"))
+	var call xdr.Encoder
+	AppendCallHeader(&call, 5, 100003, 4, 1, AuthSys{Stamp: 9, MachineName: "host", UID: 1000, GID: 100, GIDs: []uint32{4, 24}}.Credential())
+	call.Uint32(42)
+	f.Add(call.Bytes())
+	f.Add(AuthSys{MachineName: "abcde", UID: 1, GIDs: []uint32{1, 2, 3}}.Credential().Body)
 	f.Fuzz(func(t *testing.T, msg []byte) {
-		_, res, err := ParseReply(msg)
-		if err == nil && len(res) > len(msg) {
-			t.Fatal("results longer than message")
-		}
-		ParseCall(msg)
-		ParseAuthSys(msg)
+		checkParseReply(t, msg)
+		checkParseCall(t, msg)
+		checkParseAuthSys(t, msg)
 	})
 }
 
-// FuzzReadRecord feeds arbitrary byte streams to the record-marking reader.
+func checkParseReply(t *testing.T, msg []byte) {
+	xid, res, err := ParseReply(msg)
+	var e xdr.Encoder
+	var ae *AcceptError
+	var de *DeniedError
+	switch {
+	case err == nil:
+		if !suffixOf(res, msg) {
+			t.Fatalf("results (%d bytes) are not the tail of the %d-byte message", len(res), len(msg))
+		}
+		if len(msg)-len(res) < 24 {
+			t.Fatalf("results start at byte %d, inside the smallest reply header", len(msg)-len(res))
+		}
+		AppendAcceptedReply(&e, xid, Success, 0, 0)
+	case errors.As(err, &ae):
+		if ae.Stat == Success {
+			t.Fatalf("AcceptError with status SUCCESS")
+		}
+		AppendAcceptedReply(&e, xid, ae.Stat, ae.Low, ae.High)
+	case errors.As(err, &de):
+		e.Uint32(xid)
+		e.Uint32(MsgReply)
+		e.Uint32(replyDenied)
+		if de.RPCMismatch {
+			e.Uint32(0)
+			e.Uint32(de.Low)
+			e.Uint32(de.High)
+		} else {
+			e.Uint32(1)
+			e.Uint32(de.AuthStat)
+		}
+	default:
+		if !errors.Is(err, ErrBadReply) {
+			t.Fatalf("error %v is neither an AcceptError, a DeniedError nor ErrBadReply", err)
+		}
+		return
+	}
+	// What was decoded encodes to a reply that decodes the same.
+	xid2, res2, err2 := ParseReply(append(e.Bytes(), res...))
+	if xid2 != xid || !bytes.Equal(res2, res) || !reflect.DeepEqual(err2, err) {
+		t.Fatalf("re-encoded reply decodes differently: xid %#x/%#x results %x/%x err %v/%v", xid, xid2, res, res2, err, err2)
+	}
+}
+
+func checkParseCall(t *testing.T, msg []byte) {
+	h, args, err := ParseCall(msg)
+	if err != nil {
+		if args != nil {
+			t.Fatalf("arguments returned with error %v", err)
+		}
+		return
+	}
+	if !suffixOf(args, msg) {
+		t.Fatalf("arguments (%d bytes) are not the tail of the %d-byte message", len(args), len(msg))
+	}
+	if !within(h.Cred.Body, msg) || len(h.Cred.Body) > maxAuthBody {
+		t.Fatalf("credential body of %d bytes does not lie in the message", len(h.Cred.Body))
+	}
+	if hdr := len(msg) - len(args); hdr < 40+len(h.Cred.Body) {
+		t.Fatalf("%d header bytes cannot hold a call header with a %d-byte credential", hdr, len(h.Cred.Body))
+	}
+	var e xdr.Encoder
+	AppendCallHeader(&e, h.XID, h.Prog, h.Vers, h.Proc, h.Cred)
+	enc := append(e.Bytes(), args...)
+	h2, args2, err := ParseCall(enc)
+	if err != nil || !reflect.DeepEqual(h2, h) || !bytes.Equal(args2, args) {
+		t.Fatalf("re-encoded call decodes differently: %+v %x %v, want %+v %x", h2, args2, err, h, args)
+	}
+	if len(enc) > len(msg) {
+		t.Fatalf("re-encoded call (AUTH_NONE verifier) is longer than the original: %d > %d", len(enc), len(msg))
+	}
+}
+
+func checkParseAuthSys(t *testing.T, body []byte) {
+	a, err := ParseAuthSys(body)
+	if err != nil {
+		return
+	}
+	if len(a.MachineName) > 255 || len(a.GIDs) > maxAuthSysGroups {
+		t.Fatalf("decoded name of %d bytes, %d groups: over the protocol's limits", len(a.MachineName), len(a.GIDs))
+	}
+	enc := a.Credential().Body
+	if len(enc) > len(body) {
+		t.Fatalf("re-encoded AUTH_SYS body is %d bytes, decoded from %d", len(enc), len(body))
+	}
+	a2, err := ParseAuthSys(enc)
+	if err != nil || !reflect.DeepEqual(a2, a) {
+		t.Fatalf("re-encoded AUTH_SYS decodes to %+v %v, want %+v", a2, err, a)
+	}
+}
+
+// FuzzReadRecord feeds arbitrary byte streams to the record-marking
+// reader and compares what it returns with a reference reading of the
+// same stream (RFC 5531 s11).
 func FuzzReadRecord(f *testing.F) {
 	f.Add(mustHex(f, "80000004 01020304"))
 	f.Add(mustHex(f, "00000002 0102 80000002 0304"))
 	f.Add(mustHex(f, "ffffffff"))
+	f.Add(mustHex(f, "80000000 80000001 ff"))
 	f.Fuzz(func(t *testing.T, stream []byte) {
+		const limit = 1 << 16
+		want, wantErr := referenceRecords(stream, limit)
 		r := bytes.NewReader(stream)
-		for {
-			msg, err := readRecord(r, 1<<16)
+		for i := 0; ; i++ {
+			msg, err := readRecord(r, limit)
 			if err != nil {
+				if i != len(want) {
+					t.Fatalf("record %d: %v, want %d records", i, err, len(want))
+				}
+				if got := errors.Is(err, errRecordTooLarge); got != errors.Is(wantErr, errRecordTooLarge) {
+					t.Fatalf("after %d records: error %v, want %v", i, err, wantErr)
+				}
+				if errors.Is(wantErr, io.EOF) != errors.Is(err, io.EOF) {
+					t.Fatalf("after %d records: error %v, want %v", i, err, wantErr)
+				}
 				return
 			}
-			if len(msg.buf) > 1<<16 {
-				t.Fatal("record over limit")
+			if i >= len(want) {
+				t.Fatalf("record %d (%d bytes) beyond the %d in the stream", i, len(msg.buf), len(want))
 			}
+			if !bytes.Equal(msg.buf, want[i]) {
+				t.Fatalf("record %d: got %x, want %x", i, msg.buf, want[i])
+			}
+			putBuffer(msg)
 		}
 	})
+}
+
+// referenceRecords splits stream into records the simple way, and
+// returns the error that ends it: io.EOF at a record boundary,
+// io.ErrUnexpectedEOF inside one, errRecordTooLarge over limit.
+func referenceRecords(stream []byte, limit int) ([][]byte, error) {
+	var recs [][]byte
+	var cur []byte
+	for {
+		if len(stream) == 0 && cur == nil {
+			return recs, io.EOF
+		}
+		if len(stream) < 4 {
+			if len(stream) == 0 {
+				return recs, io.EOF // a record without its last fragment
+			}
+			return recs, io.ErrUnexpectedEOF
+		}
+		w := binary.BigEndian.Uint32(stream)
+		n := int(w & 0x7fffffff)
+		stream = stream[4:]
+		if len(cur)+n > limit {
+			return recs, errRecordTooLarge
+		}
+		if len(stream) < n {
+			return recs, io.ErrUnexpectedEOF
+		}
+		cur = append(cur, stream[:n]...)
+		if cur == nil {
+			cur = []byte{}
+		}
+		stream = stream[n:]
+		if w&lastFragment != 0 {
+			recs = append(recs, cur)
+			cur = nil
+		}
+	}
 }

@@ -24,8 +24,11 @@ type echoServer struct {
 	fragSize int
 	calls    atomic.Int64
 	delay    func(payload []byte) time.Duration
-	mu       sync.Mutex
-	conns    []net.Conn
+	// replied, if set, is called with each call's payload once its
+	// reply is written.
+	replied func(payload []byte)
+	mu      sync.Mutex
+	conns   []net.Conn
 	// onConn, if set, runs in the connection's goroutine before serving.
 	onConn func(c net.Conn, w *bufio.Writer, wmu *sync.Mutex)
 }
@@ -126,6 +129,9 @@ func (s *echoServer) serveConn(c net.Conn) {
 			wmu.Lock()
 			writeFragments(bw, e.Bytes(), s.fragSize)
 			wmu.Unlock()
+			if s.replied != nil && len(args) >= 4 {
+				s.replied(args[4:])
+			}
 		}()
 	}
 }
@@ -198,6 +204,7 @@ func TestTCPManyInFlight(t *testing.T) {
 }
 
 func TestTCPCancelLeavesConnectionUsable(t *testing.T) {
+	lateSent := make(chan struct{})
 	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
 		s.delay = func(args []byte) time.Duration {
 			if len(args) > 0 && args[0] == 0xee {
@@ -205,8 +212,14 @@ func TestTCPCancelLeavesConnectionUsable(t *testing.T) {
 			}
 			return 0
 		}
+		s.replied = func(args []byte) {
+			if len(args) > 0 && args[0] == 0xee {
+				close(lateSent)
+			}
+		}
 	})
-	tr := NewTCPTransport(srv.addr(), TCPOptions{})
+	var conns atomic.Uint64
+	tr := NewTCPTransport(srv.addr(), TCPOptions{OnConnect: func(g uint64) { conns.Store(g) }})
 	defer tr.Close()
 	c := NewClient(tr, 99, 1, ClientOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -219,9 +232,19 @@ func TestTCPCancelLeavesConnectionUsable(t *testing.T) {
 	if err != nil || string(got) != "after" {
 		t.Fatalf("call after cancel: %q %v", got, err)
 	}
-	time.Sleep(400 * time.Millisecond) // let the late reply arrive and be dropped
+	// Wait until the server has written the reply to the cancelled call.
+	// The next call's reply comes after it on the same stream, so when
+	// that call returns, the client has read the late reply and dropped it.
+	select {
+	case <-lateSent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server never replied to the cancelled call")
+	}
 	if got, err := echoCall(context.Background(), c, []byte("late")); err != nil || string(got) != "late" {
 		t.Fatalf("call after late reply: %q %v", got, err)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1: the late reply must not break the connection", n)
 	}
 }
 

@@ -37,13 +37,22 @@ func (c *Call) Len() int {
 type Reply struct {
 	// Msg is the RPC reply message, starting at the XID. When BulkPlaced
 	// is set, the DDP-eligible result's bytes (not its length word) are
-	// absent from Msg: the transport put them in Call.ReplyBulk.
+	// absent from Msg: the transport put them in Call.ReplyBulk, BulkLen
+	// bytes of them (the upper layer checks its own count against it:
+	// bytes the peer did not place are not data).
 	Msg        []byte
 	BulkPlaced bool
+	BulkLen    int
 	// Results is set by Client.Do: the procedure results after the header.
 	Results []byte
 
 	release func()
+}
+
+// NewReply returns a reply whose Msg lives in a transport's buffer;
+// release, if not nil, gives the buffer back and runs once, at Release.
+func NewReply(msg []byte, release func()) *Reply {
+	return &Reply{Msg: msg, release: release}
 }
 
 // Release gives the reply's buffer back to the transport. Msg and Results

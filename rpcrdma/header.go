@@ -1,18 +1,50 @@
-// Package rpcrdma implements RPC-over-RDMA (RFC 8166, version 1) for
-// rdmafs: the transport header, chunk marshalling, credits, inline
-// thresholds, connection private data (RFC 8797) and the backward
-// direction (RFC 8167), on both endpoints. The requester is an
-// oncrpc.Transport, so an NFS client runs over it unchanged; the responder
-// serves an RPC handler and is what tests use to inject faults.
+// Package rpcrdma implements RPC-over-RDMA for rdmafs: version 1 (RFC
+// 8166) and version 2 (draft-cel-nfsv4-rpcrdma-version-two, with
+// RDMA_OPTIONAL and the transport characteristics of
+// draft-dnoveck-rpcrdma-xcharext): the transport header, chunk
+// marshalling, credits, inline thresholds, connection private data (RFC
+// 8797) and the backward direction (RFC 8167), on both endpoints. The
+// requester is an oncrpc.Transport, so an NFS client runs over it
+// unchanged; the responder serves an RPC handler and is what tests use to
+// inject faults.
 //
 // It knows nothing of NFS: which argument or result may move by RDMA
 // (RFC 8166 s6, the Upper-Layer Binding) reaches it as data on each
 // oncrpc.Call (Bulk, ReplyBulk, MaxReplySize).
 //
+// # The data path
+//
+// The transport owns its memory (package mrcache): a bounded slab mapped
+// outside the Go heap and registered once per chunk. Receive buffers,
+// send buffers and the buffers of a call come from it, and so do the
+// upper layer's READ destinations and write-back buffers (Buffers):
+//
+//   - NFS WRITE: the data is in the slab already (the FUSE layer copied it
+//     there from go-fuse's request buffer, the one copy a WRITE makes); a
+//     fast registration exposes exactly its bytes as a Read chunk and the
+//     server RDMA-Reads them. The Send carries the transport header and
+//     the RPC header and arguments, copied into a send buffer.
+//   - NFS READ: the destination is in the slab; a fast registration
+//     exposes exactly it as a Write chunk, the server RDMA-Writes the data
+//     there (the provider reads it from the socket straight into place)
+//     and the FUSE layer hands the same memory to the kernel: no copy.
+//   - An inline reply is lent to the upper layer in its receive buffer (a
+//     spare buffer is posted in its place) and comes back at
+//     oncrpc.Reply.Release; a Reply chunk's buffer goes up the same way.
+//   - Bulk data outside the slab goes through a transport buffer: one
+//     counted copy (Stats.BytesCopied).
+//
+// Before a reply is used, and whenever a call returns otherwise (timeout,
+// connection loss, a retransmission superseding it), every exposure of the
+// call is invalidated and the invalidation waits for a placement already
+// in progress; one that stalls is ended by closing the connection (RFC 8166
+// s8.1). No peer can reach a byte outside, or after, its call.
+//
 // The files follow the split of Linux's xprtrdma: header.go is the wire
-// format, marshal.go decides how a call is sent, reply.go takes replies
-// apart, conn.go owns the queue pair and buffers, requester.go is the
-// oncrpc.Transport, backchannel.go is the backward direction and
+// format, marshal.go decides how a call is sent and exposes its memory,
+// reply.go takes replies apart, conn.go owns the queue pair, credits and
+// buffers, requester.go is the oncrpc.Transport, negotiate.go and xchar.go
+// are version 2, backchannel.go is the backward direction and
 // responder.go the server side.
 package rpcrdma
 

@@ -1,8 +1,11 @@
 package rpcrdma
 
 import (
+	"context"
 	"fmt"
+	"time"
 
+	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -36,7 +39,7 @@ const (
 
 var zeroPad [4]byte
 
-// req is one call in flight: what was registered for it and where its
+// req is one call in flight: what was exposed for it and where its
 // reply goes.
 type req struct {
 	xid  uint32
@@ -44,14 +47,15 @@ type req struct {
 
 	hdr    Header
 	hdrBuf xdr.Encoder
-	sgl    [][]byte
+	pieces [][]byte // what the Send carries: transport header, then RPC message parts
 
-	regs      []*mrcache.Registration
-	writeOff  []Segment // the Write chunk offered, to check the reply's echo
-	replyBuf  []byte    // Reply chunk target
+	regs      []*mrcache.Registration // exposures, invalidated before the reply is used
+	owned     [][]byte                // transport buffers of this call, back to the pool at its end
+	bounceIn  [][]byte                // Write chunk segments standing in for a ReplyBulk outside the slab
+	writeOff  []Segment               // the Write chunk offered, to check the reply's echo
+	replyBuf  []byte                  // Reply chunk target (slab); handed up with the reply
 	replySegs []Segment
 	kinds     [2]chunkKind // call and reply decisions, for tracing and counters
-	pzrcBuf   []byte
 	tr        *Transport
 	probe     bool // sent as the version-2 negotiation probe
 	resend    bool // the probe met ERR_VERS: send again as version 1
@@ -67,30 +71,36 @@ type req struct {
 // in a Position-Zero Read chunk (RDMA_NOMSG). For the reply it offers a
 // Write chunk for a DDP-eligible result and a Reply chunk when the rest
 // may not fit our receive buffer.
-func (c *conn) marshal(r *req, credits uint32, vers uint32, sendSize, recvLimit int) error {
+//
+// Bulk data in the transport's slab (mrcache) is exposed where it is;
+// other memory goes through a slab buffer of the call's own, a counted
+// copy.
+func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32, sendSize, recvLimit int) error {
 	call := r.call
 	h := &r.hdr
 	*h = Header{XID: call.XID, Vers: vers, Credit: credits, Proc: ProcMsg, Reads: h.Reads[:0], Writes: h.Writes[:0]}
+	pool := c.t.pool
 
 	// Reply side first: it adds to the header's size.
 	recvRoom := recvLimit - replyHeaderRoom
 	if n := len(call.ReplyBulk); n > 0 && call.MaxReplySize+n > recvRoom {
-		reg, err := c.register(r, call.ReplyBulk, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		// RFC 8166 s3.4.6: a Write chunk gets no room for XDR padding.
+		segs, bounce, err := c.exposeBulk(ctx, r, call.ReplyBulk, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, r.writeOff[:0])
 		if err != nil {
 			return err
 		}
-		// RFC 8166 s3.4.6: a Write chunk gets no room for XDR padding.
-		r.writeOff = append(r.writeOff[:0], Segment{Handle: reg.STag, Length: uint32(n), Offset: reg.Offset})
+		r.writeOff, r.bounceIn = segs, bounce
 		h.Writes = append(h.Writes, r.writeOff)
 		r.kinds[1] = chunkWrite
 	}
 	if call.MaxReplySize > recvRoom {
 		size := xdr.RoundUp(call.MaxReplySize)
-		if cap(r.replyBuf) < size {
-			r.replyBuf = make([]byte, size)
+		buf, err := pool.GetWait(ctx, size)
+		if err != nil {
+			return fmt.Errorf("rpcrdma: xid %#x: Reply chunk buffer: %w", r.xid, err)
 		}
-		r.replyBuf = r.replyBuf[:size]
-		reg, err := c.register(r, r.replyBuf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		r.replyBuf = buf
+		reg, err := c.expose(r, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			return err
 		}
@@ -103,35 +113,42 @@ func (c *conn) marshal(r *req, credits uint32, vers uint32, sendSize, recvLimit 
 
 	hdrLen := MinHeaderLen + len(h.Writes)*chunkHdrLen + writeSegLen*len(h.Writes)
 	if h.Reply != nil {
-		hdrLen += writeSegLen
+		// The Reply chunk's segment count and segment; its presence
+		// word is in MinHeaderLen.
+		hdrLen += 4 + writeSegLen
 	}
 	pad := zeroPad[:xdr.Pad(len(call.Bulk))]
 	switch {
 	case hdrLen+call.Len() <= sendSize:
 		r.kinds[0] = chunkInline
-		r.sgl = append(r.sgl[:0], nil, call.Head, call.Bulk, pad, call.Tail)
-	case call.Bulk != nil && hdrLen+readSegLen+len(call.Head)+len(call.Tail) <= sendSize:
+		r.pieces = append(r.pieces[:0], nil, call.Head, call.Bulk, pad, call.Tail)
+		c.t.stats.copied.Add(uint64(len(call.Bulk))) // into the send buffer
+	case call.Bulk != nil && hdrLen+readSegLen*bulkSegments(pool, call.Bulk)+len(call.Head)+len(call.Tail) <= sendSize:
 		// RFC 8166 s3.4.5: the Read chunk's position is the offset of the
 		// reduced item in the whole payload stream; the item's XDR pad
 		// goes with it (s3.4.4), so Tail follows Head directly.
-		reg, err := c.register(r, call.Bulk, verbs.AccessRemoteRead)
+		segs, _, err := c.exposeBulk(ctx, r, call.Bulk, verbs.AccessRemoteRead, nil)
 		if err != nil {
 			return err
 		}
-		h.Reads = append(h.Reads, ReadSegment{Position: uint32(len(call.Head)),
-			Segment: Segment{Handle: reg.STag, Length: uint32(len(call.Bulk)), Offset: reg.Offset}})
+		for _, sg := range segs {
+			h.Reads = append(h.Reads, ReadSegment{Position: uint32(len(call.Head)), Segment: sg})
+		}
 		r.kinds[0] = chunkRead
-		r.sgl = append(r.sgl[:0], nil, call.Head, call.Tail)
+		r.pieces = append(r.pieces[:0], nil, call.Head, call.Tail)
 	default:
 		// RFC 8166 s3.5.3: a Position-Zero Read chunk carries the whole
 		// call, padding included, and the Send carries only the header.
-		buf := r.pzrcBuf[:0]
-		buf = append(buf, call.Head...)
-		buf = append(buf, call.Bulk...)
-		buf = append(buf, pad...)
-		buf = append(buf, call.Tail...)
-		r.pzrcBuf = buf
-		reg, err := c.register(r, buf, verbs.AccessRemoteRead)
+		buf, err := c.callBuffer(ctx, r, call.Len())
+		if err != nil {
+			return err
+		}
+		k := copy(buf, call.Head)
+		k += copy(buf[k:], call.Bulk)
+		k += copy(buf[k:], pad)
+		copy(buf[k:], call.Tail)
+		c.t.stats.copied.Add(uint64(len(call.Bulk)))
+		reg, err := c.expose(r, buf, verbs.AccessRemoteRead)
 		if err != nil {
 			return err
 		}
@@ -139,40 +156,154 @@ func (c *conn) marshal(r *req, credits uint32, vers uint32, sendSize, recvLimit 
 		h.Reads = append(h.Reads, ReadSegment{Position: 0,
 			Segment: Segment{Handle: reg.STag, Length: uint32(len(buf)), Offset: reg.Offset}})
 		r.kinds[0] = chunkPosZero
-		r.sgl = append(r.sgl[:0], nil)
+		r.pieces = append(r.pieces[:0], nil)
 	}
 	r.hdrBuf.Reset(r.hdrBuf.Bytes())
 	h.Append(&r.hdrBuf)
-	r.sgl[0] = r.hdrBuf.Bytes()
-	if n := sglLen(r.sgl); n > sendSize {
+	r.pieces[0] = r.hdrBuf.Bytes()
+	if n := piecesLen(r.pieces); n > sendSize {
 		return fmt.Errorf("rpcrdma: marshal xid %#x: %d-byte Send exceeds the peer's %d-byte inline threshold", call.XID, n, sendSize)
 	}
 	return nil
 }
 
-func sglLen(sgl [][]byte) int {
+func piecesLen(pieces [][]byte) int {
 	n := 0
-	for _, b := range sgl {
+	for _, b := range pieces {
 		n += len(b)
 	}
 	return n
 }
 
-func (c *conn) register(r *req, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
-	reg, err := c.mrc.Register(buf, access)
+// bounceSize is the largest transport buffer standing in for bulk data
+// outside the slab; larger data takes several chunk segments.
+const bounceSize = 1 << 20
+
+// bulkSegments returns how many chunk segments exposeBulk makes for data.
+func bulkSegments(pool *mrcache.Pool, data []byte) int {
+	if len(data) == 0 || pool.Contains(data) {
+		return 1
+	}
+	return (len(data) + bounceSize - 1) / bounceSize
+}
+
+// exposeBulk exposes data for a Read chunk (access remote read) or a Write
+// chunk (remote write) and appends its segments to segs. Data in the slab
+// is exposed where it is, as one segment; other data goes through
+// transport buffers of at most bounceSize bytes, one segment each: for a
+// Read chunk data is copied in now, for a Write chunk the returned
+// buffers are copied out when the reply comes (both counted).
+func (c *conn) exposeBulk(ctx context.Context, r *req, data []byte, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
+	pool := c.t.pool
+	if pool.Contains(data) {
+		reg, err := c.expose(r, data, access)
+		if err != nil {
+			return nil, nil, err
+		}
+		return append(segs, Segment{Handle: reg.STag, Length: uint32(len(data)), Offset: reg.Offset}), nil, nil
+	}
+	var bounce [][]byte
+	for off := 0; off < len(data) || off == 0; off += bounceSize {
+		piece := data[off:min(len(data), off+bounceSize)]
+		buf, err := c.callBuffer(ctx, r, max(len(piece), 1))
+		if err != nil {
+			return nil, nil, err
+		}
+		buf = buf[:len(piece)]
+		if access&verbs.AccessRemoteRead != 0 {
+			copy(buf, piece)
+			c.t.stats.copied.Add(uint64(len(piece)))
+		}
+		reg, err := c.expose(r, buf[:max(len(buf), 1)], access)
+		if err != nil {
+			return nil, nil, err
+		}
+		segs = append(segs, Segment{Handle: reg.STag, Length: uint32(len(piece)), Offset: reg.Offset})
+		bounce = append(bounce, buf)
+		if len(data) == 0 {
+			break
+		}
+	}
+	return segs, bounce, nil
+}
+
+// callBuffer returns a slab buffer that lives as long as the call.
+func (c *conn) callBuffer(ctx context.Context, r *req, n int) ([]byte, error) {
+	b, err := c.t.pool.GetWait(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", r.xid, err)
+	}
+	r.owned = append(r.owned, b)
+	return b, nil
+}
+
+// expose offers exactly buf to the peer for this call (RFC 8166 s8.1).
+func (c *conn) expose(r *req, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
+	reg, err := c.t.pool.Expose(buf, access)
 	if err != nil {
 		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", r.xid, err)
 	}
 	r.regs = append(r.regs, reg)
+	if c.t.cfg.Tracer.On(trace.MR) {
+		c.t.cfg.Tracer.Printf(trace.MR, "mr_map xid=%#x stag=%#x len=%d access=%v", r.xid, reg.STag, reg.Len, access)
+	}
 	return reg, nil
 }
 
-// invalidate ends every registration of r before its reply is handed up
-// (RFC 8166 s8.1), unless the peer already did with Send With Invalidate.
-func (r *req) invalidate() {
+// noWait is a context that has ended: an invalidation with it returns at
+// once if a placement is in progress.
+var noWait = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// invalidateWait bounds how long an invalidation waits for a placement in
+// progress before the connection is closed under it.
+const invalidateWait = 2 * time.Second
+
+// invalidate ends every exposure of r before its reply is used or the
+// call returns (RFC 8166 s8.1), unless the peer already did with Send
+// With Invalidate. A placement still running after invalidateWait (a
+// peer stalling a transfer) is ended by closing the queue pair: a failed
+// invalidation tears the connection down (RFC 8166 s4.5.4 asks the same
+// of an invalidation error), and only then is the memory reused.
+func (r *req) invalidate(c *conn) {
 	for i, reg := range r.regs {
-		reg.Invalidate()
+		// No placement in progress is the common case: no wait.
+		err := reg.Invalidate(noWait)
+		if err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
+			err = reg.Invalidate(ctx)
+			cancel()
+		}
+		if c.t.cfg.Tracer.On(trace.MR) {
+			c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", r.xid, reg.STag, err)
+		}
+		if err != nil {
+			c.t.tracef(trace.RDMA, "xid=%#x: %v: closing the connection", r.xid, err)
+			c.qp.Close()
+			go c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
+			_ = reg.Invalidate(context.Background())
+		}
 		r.regs[i] = nil
 	}
 	r.regs = r.regs[:0]
+}
+
+// finish ends the call's use of the transport: exposures are invalidated
+// and its buffers go back to the pool (a Reply chunk's buffer went up
+// with the reply, if there was one).
+func (r *req) finish(c *conn) {
+	r.invalidate(c)
+	for i, b := range r.owned {
+		c.t.pool.Put(b)
+		r.owned[i] = nil
+	}
+	r.owned = r.owned[:0]
+	if r.replyBuf != nil {
+		c.t.pool.Put(r.replyBuf)
+		r.replyBuf = nil
+	}
+	r.bounceIn = nil
 }

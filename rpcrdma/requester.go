@@ -46,8 +46,9 @@ type Config struct {
 	CRC bool
 	// IRD and ORD are the queue pair's read depths; zero means 16.
 	IRD, ORD int
-	// MRCacheBytes caps the memory-registration cache; zero means 256 MiB.
-	MRCacheBytes int64
+	// MemoryBytes bounds the registered memory the transport maps for
+	// buffers (the rdmamem mount option); zero means 64 MiB.
+	MemoryBytes int64
 	// DialTimeout bounds one connection attempt; zero means 30 s.
 	DialTimeout time.Duration
 	// Tracer receives -v rdma and mr events.
@@ -67,7 +68,7 @@ type Transport struct {
 	cfg  Config
 	addr string
 	pd   *verbs.ProtectionDomain
-	mrc  *mrcache.Cache
+	pool *mrcache.Pool
 
 	mu     sync.Mutex // guards conn, closed; held while dialing
 	conn   *conn
@@ -101,7 +102,11 @@ func NewTransport(addr string, cfg Config) *Transport {
 		cfg.DialTimeout = 30 * time.Second
 	}
 	pd := verbs.NewProtectionDomain()
-	t := &Transport{cfg: cfg, addr: addr, pd: pd, mrc: mrcache.New(pd, cfg.MRCacheBytes)}
+	t := &Transport{cfg: cfg, addr: addr, pd: pd, pool: mrcache.New(pd, cfg.MemoryBytes)}
+	// A call exposes up to three buffers (Read chunk, Write chunk,
+	// Reply chunk); most expose one. Regions beyond these are made on
+	// demand and kept.
+	_ = t.pool.ReserveFastRegions(cfg.Credits)
 	t.reqPool.New = func() any { return &req{} }
 	return t
 }
@@ -112,6 +117,11 @@ func (t *Transport) SetCallHandler(h oncrpc.CallHandler) { t.handler.Store(&h) }
 // PD returns the transport's protection domain (tests check that no
 // region stays exposed after a call: PD().LiveRemoteRegions()).
 func (t *Transport) PD() *verbs.ProtectionDomain { return t.pd }
+
+// Buffers returns the transport's registered memory: an upper layer that
+// draws its READ destinations and WRITE data from it (Get, Put) moves
+// them without a copy; other memory goes through a transport buffer.
+func (t *Transport) Buffers() *mrcache.Pool { return t.pool }
 
 // Connect makes the connection now instead of on the first call.
 func (t *Transport) Connect(ctx context.Context) error {
@@ -148,7 +158,7 @@ func (t *Transport) Close() error {
 	if c != nil {
 		c.fail(oncrpc.ErrClosed)
 	}
-	t.mrc.Close()
+	t.pool.Close()
 	return nil
 }
 
@@ -186,13 +196,15 @@ func (t *Transport) RoundTrip(ctx context.Context, call *oncrpc.Call) (*oncrpc.R
 		r.resend = false
 	}
 	rep, err := r.reply, r.err
+	r.reply = nil
 	r.call = nil
 	t.reqPool.Put(r)
 	return rep, err
 }
 
 // send marshals r for the connection's current version, sends it and
-// waits for its reply.
+// waits for its reply. Whatever way it returns, the memory r exposed is
+// invalidated and its buffers are back in the pool (RFC 8166 s8.1).
 func (c *conn) send(ctx context.Context, r *req) error {
 	t := c.t
 	if err := c.acquireCredit(ctx); err != nil {
@@ -201,6 +213,7 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	r.done = make(chan struct{})
 	r.reply, r.err, r.writeOff, r.replySegs = nil, nil, nil, nil
 	r.kinds = [2]chunkKind{chunkInline, chunkInline}
+	defer r.finish(c)
 	c.mu.Lock()
 	vers, sendSize, recvLimit := c.neg.version(), c.neg.sendSize, c.neg.replyLimit(c.recvSize)
 	r.probe = c.neg.st == negProbe
@@ -208,8 +221,7 @@ func (c *conn) send(ctx context.Context, r *req) error {
 		c.neg.probeSent = true
 	}
 	c.mu.Unlock()
-	if err := c.marshal(r, uint32(t.cfg.Credits), vers, sendSize, recvLimit); err != nil {
-		r.invalidate()
+	if err := c.marshal(ctx, r, uint32(t.cfg.Credits), vers, sendSize, recvLimit); err != nil {
 		c.releaseCredit()
 		return err
 	}
@@ -217,20 +229,21 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		r.invalidate()
 		return err
 	}
 	if old := c.pending[r.xid]; old != nil {
 		// A retransmission of a call that gave up waiting: the old
-		// call's credit stays in use until this one's reply.
+		// call's credit stays in use until this one's reply. The old
+		// call ends now; its own send invalidates what it exposed.
 		c.inflight--
+		delete(c.pending, r.xid)
 		old.err = fmt.Errorf("%w: superseded by retransmission", oncrpc.ErrConnection)
 		close(old.done)
 	}
 	c.pending[r.xid] = r
 	c.mu.Unlock()
 	t.traceMarshal(r, vers)
-	sent, err := c.postSend(r.sgl)
+	sent, err := c.postSend(r.pieces)
 	if err != nil {
 		c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
 		<-r.done
@@ -239,14 +252,13 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	select {
 	case <-r.done:
 	case <-ctx.Done():
-		// The call stays registered (with its credit) until a reply or
-		// the end of the connection; its memory is invalidated now.
+		// The call's memory is invalidated (finish) before send
+		// returns; its credit stays counted until a reply or the end
+		// of the connection.
 		c.mu.Lock()
 		if c.pending[r.xid] == r {
 			delete(c.pending, r.xid)
-			// Keep the credit counted: the responder may still answer.
 			c.mu.Unlock()
-			r.invalidate()
 			if r.probe {
 				// v2 s5.2: an unanswered probe means the server does
 				// not speak version 2; reconnect at version 1.
@@ -260,9 +272,13 @@ func (c *conn) send(ctx context.Context, r *req) error {
 			<-r.done
 		}
 		<-sent
+		if r.reply != nil {
+			r.reply.Release()
+			r.reply = nil
+		}
 		return ctx.Err()
 	}
-	<-sent // the Send's buffers (the caller's Head/Tail) are free
+	<-sent // the Send's buffer is free
 	return nil
 }
 
@@ -299,7 +315,7 @@ func (t *Transport) traceMarshal(r *req, vers uint32) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "marshal xid=%#x vers=%d proc=%d call=%s reply=%s len=%d send=%d",
-		r.xid, vers, r.hdr.Proc, chunkNames[r.kinds[0]], chunkNames[r.kinds[1]], r.call.Len(), sglLen(r.sgl))
+		r.xid, vers, r.hdr.Proc, chunkNames[r.kinds[0]], chunkNames[r.kinds[1]], r.call.Len(), piecesLen(r.pieces))
 	if r.probe {
 		b.WriteString(" probe")
 	}
@@ -325,6 +341,9 @@ type transportStats struct {
 	backward atomic.Uint64
 	connects atomic.Uint64
 	replies  atomic.Uint64
+
+	copied     atomic.Uint64 // payload bytes copied by the transport (bounce buffers, inline data)
+	provCopied atomic.Uint64 // bytes the provider copied, of connections that ended
 
 	fallbacks   atomic.Uint64 // version-2 probes answered with ERR_VERS
 	optionals   atomic.Uint64 // RDMA_OPTIONAL messages received
@@ -362,7 +381,13 @@ type Stats struct {
 	OptionalErrors         uint64 // our RDMA_OPTIONALs the peer refused
 	Peer                   Chars  // the peer's transport characteristics (version 2)
 	PeerAnnounced          bool   // the peer sent ROPT_INITXCH
-	MR                     mrcache.Stats
+	// BytesCopied counts user-space copies of payload bytes on the
+	// data path: the transport's own (data outside registered memory
+	// going through a transport buffer, inline READ and WRITE data)
+	// and the provider's (received bytes that went through its
+	// buffered reader).
+	BytesCopied uint64
+	Memory      mrcache.Stats // registered memory and its exposures
 }
 
 // Stats returns the requester's counters.
@@ -382,7 +407,8 @@ func (t *Transport) Stats() Stats {
 		BytesPlaced:       t.stats.placed.Load(),
 		Dropped:           t.stats.dropped.Load(),
 		BackwardCalls:     t.stats.backward.Load(),
-		MR:                t.mrc.Stats(),
+		Memory:            t.pool.Stats(),
+		BytesCopied:       t.stats.copied.Load() + t.stats.provCopied.Load(),
 	}
 	t.mu.Lock()
 	if c := t.conn; c != nil {
@@ -394,7 +420,11 @@ func (t *Transport) Stats() Stats {
 			s.Version = 0
 		}
 		s.Peer, s.PeerAnnounced = c.neg.peer, c.neg.peerInit
+		dead := c.err != nil
 		c.mu.Unlock()
+		if cb, ok := c.qp.(interface{ CopiedBytes() uint64 }); ok && !dead {
+			s.BytesCopied += cb.CopiedBytes()
+		}
 	}
 	t.mu.Unlock()
 	return s

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/verbs"
 )
@@ -67,9 +68,10 @@ type ResponderConfig struct {
 // through Write and Reply chunks. It serves as the version-1 peer in tests
 // and can relay to an NFS server over TCP.
 type Responder struct {
-	cfg ResponderConfig
-	ln  verbs.Listener
-	pd  *verbs.ProtectionDomain
+	cfg  ResponderConfig
+	ln   verbs.Listener
+	pd   *verbs.ProtectionDomain
+	pool *mrcache.Pool // registered memory for every buffer the queue pairs use
 
 	mu    sync.Mutex
 	conns map[*serverConn]struct{}
@@ -108,7 +110,8 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 	if cfg.MaxRecv <= 0 {
 		cfg.MaxRecv = 64 << 10
 	}
-	s := &Responder{cfg: cfg, pd: verbs.NewProtectionDomain(), conns: make(map[*serverConn]struct{})}
+	pd := verbs.NewProtectionDomain()
+	s := &Responder{cfg: cfg, pd: pd, pool: mrcache.New(pd, 256<<20), conns: make(map[*serverConn]struct{})}
 	ours := PrivateData{Version: privDataVersion, RemoteInvalidate: false, InlineSend: cfg.InlineSend, InlineRecv: cfg.InlineRecv}
 	// Receive buffers are posted in Setup, before the connection is
 	// accepted: the requester's first Send must find one (RFC 5040 s5.3).
@@ -140,6 +143,7 @@ func (s *Responder) Close() error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.pool.Close()
 	return err
 }
 
@@ -156,13 +160,25 @@ func (s *Responder) DropConnections() {
 func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	bufs := make([][]byte, s.cfg.Credits+4)
 	for i := range bufs {
-		bufs[i] = make([]byte, s.cfg.InlineRecv)
-		if err := qp.PostRecv(uint64(i), bufs[i]); err != nil {
+		b, err := s.pool.GetWait(context.Background(), s.cfg.InlineRecv)
+		if err != nil {
+			return err
+		}
+		bufs[i] = b
+		if err := s.postRecv(qp, uint64(i), b); err != nil {
 			return err
 		}
 	}
 	s.recvBufs.Store(qp, bufs)
 	return nil
+}
+
+func (s *Responder) postRecv(qp verbs.QueuePair, wrid uint64, buf []byte) error {
+	sge, ok := s.pool.Locate(buf)
+	if !ok {
+		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
+	}
+	return qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: []verbs.SGE{sge}})
 }
 
 func (s *Responder) acceptLoop() {
@@ -218,7 +234,7 @@ type serverConn struct {
 	inFlight atomic.Int64
 	sendMu   sync.Mutex // orders a reply's RDMA Writes before its Send
 	wr       atomic.Uint64
-	reads    sync.Map // wrid -> chan verbs.Completion
+	onDone   sync.Map // wrid -> func(verbs.Completion), run by sendLoop
 }
 
 func (c *serverConn) tracef(format string, args ...any) {
@@ -228,11 +244,23 @@ func (c *serverConn) tracef(format string, args ...any) {
 }
 
 func (c *serverConn) serve() {
-	defer c.qp.Close()
 	bufs := c.recvBufs
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go c.sendLoop(ctx)
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		c.sendLoop(ctx)
+	}()
+	defer func() {
+		// Closing flushes every work request; the send loop then runs
+		// their completions, which give the buffers back.
+		c.qp.Close()
+		cancel()
+		<-sendDone
+		for _, b := range bufs {
+			c.s.pool.Put(b)
+		}
+	}()
 	var wc [16]verbs.Completion
 	for {
 		n, err := c.qp.RecvCQ().Poll(ctx, wc[:])
@@ -245,7 +273,7 @@ func (c *serverConn) serve() {
 			}
 			msg := append([]byte(nil), bufs[w.WRID][:w.ByteLen]...)
 			bufs[w.WRID] = c.nextRecvBuf(bufs[w.WRID])
-			if c.qp.PostRecv(w.WRID, bufs[w.WRID]) != nil {
+			if c.s.postRecv(c.qp, w.WRID, bufs[w.WRID]) != nil {
 				return
 			}
 			if len(msg) >= 16 && binary.BigEndian.Uint32(msg[12:]) == ProcOptional {
@@ -259,20 +287,71 @@ func (c *serverConn) serve() {
 	}
 }
 
-// sendLoop routes RDMA Read completions to their waiters.
+// sendLoop runs the completion callbacks of send queue work requests;
+// once ctx ends (after the queue pair was closed) it runs those of the
+// flushed ones too.
 func (c *serverConn) sendLoop(ctx context.Context) {
 	var wc [16]verbs.Completion
-	for {
-		n, err := c.qp.SendCQ().Poll(ctx, wc[:])
-		if err != nil {
-			return
-		}
-		for _, w := range wc[:n] {
-			if ch, ok := c.reads.LoadAndDelete(w.WRID); ok {
-				ch.(chan verbs.Completion) <- w
+	run := func(ws []verbs.Completion) {
+		for _, w := range ws {
+			if fn, ok := c.onDone.LoadAndDelete(w.WRID); ok {
+				fn.(func(verbs.Completion))(w)
 			}
 		}
 	}
+	for {
+		n, err := c.qp.SendCQ().Poll(ctx, wc[:])
+		if err != nil {
+			for {
+				k := c.qp.SendCQ().TryPoll(wc[:])
+				if k == 0 {
+					return
+				}
+				run(wc[:k])
+			}
+		}
+		run(wc[:n])
+	}
+}
+
+// postSend posts a Send (or Send With Invalidate) of the concatenated
+// pieces, copied into a registered buffer that goes back to the pool when
+// the Send completes.
+func (c *serverConn) postSend(op verbs.Opcode, invalidate uint32, pieces ...[]byte) error {
+	n := 0
+	for _, p := range pieces {
+		n += len(p)
+	}
+	buf, err := c.s.pool.GetWait(context.Background(), max(n, 1))
+	if err != nil {
+		return err
+	}
+	k := 0
+	for _, p := range pieces {
+		k += copy(buf[k:], p)
+	}
+	return c.post(verbs.SendWR{WRID: c.wr.Add(1), Opcode: op, InvalidateSTag: invalidate}, buf, n, nil)
+}
+
+// post posts wr with buf[:n] as its one SGE and gives buf back to the
+// pool when wr completes (after done, if set, has seen the completion).
+func (c *serverConn) post(wr verbs.SendWR, buf []byte, n int, done func(verbs.Completion)) error {
+	sge, _ := c.s.pool.Locate(buf[:max(n, 1)])
+	sge.Length = uint32(n)
+	wr.SGL = []verbs.SGE{sge}
+	c.onDone.Store(wr.WRID, func(w verbs.Completion) {
+		if done != nil {
+			done(w)
+		}
+		c.s.pool.Put(buf)
+	})
+	if err := c.qp.PostSend(wr); err != nil {
+		if _, ok := c.onDone.LoadAndDelete(wr.WRID); ok {
+			c.s.pool.Put(buf)
+		}
+		return err
+	}
+	return nil
 }
 
 // handle serves one call message.
@@ -391,16 +470,30 @@ func (c *serverConn) pullReadChunks(h *Header, inline []byte) (call []byte, rele
 	if h.Proc == ProcNoMsg {
 		pad = 0 // a Position-Zero Read chunk carries its own padding (s3.5.3)
 	}
-	bp := getCallBuf(len(inline) + total + pad)
-	buf := *bp
+	// The call is rebuilt in registered memory when it fits one slab
+	// buffer, so the RDMA Reads land in place; larger calls go through
+	// registered pieces into ordinary memory.
+	size := len(inline) + total + pad
+	var buf []byte
+	var put func()
+	if size <= mrcache.ChunkSize {
+		b, err := c.s.pool.GetWait(context.Background(), size)
+		if err != nil {
+			return nil, nil, err
+		}
+		buf, put = b, func() { c.s.pool.Put(b) }
+	} else {
+		bp := getCallBuf(size)
+		buf, put = *bp, func() { putCallBuf(bp) }
+	}
 	copy(buf, inline[:pos])
 	if err := c.rdmaRead(h.Reads, buf[pos:int(pos)+total]); err != nil {
-		putCallBuf(bp)
+		put()
 		return nil, nil, err
 	}
 	copy(buf[int(pos)+total:], zeroPad[:pad])
 	copy(buf[int(pos)+total+pad:], inline[pos:])
-	return buf, func() { putCallBuf(bp) }, nil
+	return buf, put, nil
 }
 
 const maxChunkBytes = 64 << 20
@@ -430,41 +523,74 @@ func putCallBuf(bp *[]byte) {
 	}
 }
 
-// rdmaRead reads the segments, in order, into dst (RFC 5040 RDMA Read).
+// rdmaPiece bounds one RDMA Read or Write of the responder: its local
+// memory is a slab buffer of at most this size.
+const rdmaPiece = 1 << 20
+
+// rdmaRead reads the segments, in order, into dst (RFC 5040 RDMA Read),
+// through registered buffers of at most rdmaPiece bytes.
 func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
-	if len(dst) == 0 {
-		return nil
+	type piece struct {
+		dst []byte
+		ch  chan verbs.Completion
 	}
-	mr, err := c.s.pd.RegisterMemory(dst, verbs.AccessLocalWrite)
-	if err != nil {
+	var pieces []piece
+	wait := func() error {
+		var err error
+		for _, p := range pieces {
+			select {
+			case w := <-p.ch:
+				if w.Status != verbs.StatusSuccess && err == nil {
+					err = fmt.Errorf("RDMA Read: %v", w.Status)
+				}
+			case <-c.qp.Done():
+				return fmt.Errorf("RDMA Read: %w", c.qp.Err())
+			}
+		}
+		pieces = pieces[:0]
 		return err
 	}
-	defer mr.Deregister()
 	off := 0
-	var waits []chan verbs.Completion
 	for _, s := range segs {
-		wr := c.wr.Add(1) | 1<<63
-		ch := make(chan verbs.Completion, 1)
-		c.reads.Store(wr, ch)
-		waits = append(waits, ch)
-		err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpRDMARead, RemoteSTag: s.Handle,
-			RemoteOffset: s.Offset, LocalMR: mr, LocalOffset: uint64(off), Length: s.Length})
-		if err != nil {
-			return fmt.Errorf("RDMA Read: %w", err)
-		}
-		off += int(s.Length)
-	}
-	for _, ch := range waits {
-		select {
-		case w := <-ch:
-			if w.Status != verbs.StatusSuccess {
-				return fmt.Errorf("RDMA Read: %v", w.Status)
+		for done := uint32(0); done < s.Length; {
+			n := min(s.Length-done, rdmaPiece)
+			p := piece{dst: dst[off : off+int(n)], ch: make(chan verbs.Completion, 1)}
+			pieces = append(pieces, p)
+			wr := verbs.SendWR{WRID: c.wr.Add(1) | 1<<63, Opcode: verbs.OpRDMARead, RemoteSTag: s.Handle,
+				RemoteOffset: s.Offset + uint64(done), Length: n}
+			var err error
+			if sge, ok := c.s.pool.Locate(p.dst); ok {
+				// Straight into the registered call buffer.
+				wr.SGL = []verbs.SGE{sge}
+				c.onDone.Store(wr.WRID, func(w verbs.Completion) { p.ch <- w })
+				if err = c.qp.PostSend(wr); err != nil {
+					c.onDone.Delete(wr.WRID)
+				}
+			} else {
+				buf, gerr := c.s.pool.GetWait(context.Background(), int(n))
+				if gerr != nil {
+					return gerr
+				}
+				err = c.post(wr, buf, int(n), func(w verbs.Completion) {
+					if w.Status == verbs.StatusSuccess {
+						copy(p.dst, buf[:n])
+					}
+					p.ch <- w
+				})
 			}
-		case <-c.qp.Done():
-			return fmt.Errorf("RDMA Read: %w", c.qp.Err())
+			if err != nil {
+				return fmt.Errorf("RDMA Read: %w", err)
+			}
+			done += n
+			off += int(n)
+			if len(pieces) == 4 {
+				if err := wait(); err != nil {
+					return err
+				}
+			}
 		}
 	}
-	return nil
+	return wait()
 }
 
 // sendReply returns reply through the chunks the call offered (RFC 8166
@@ -528,13 +654,13 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte) error {
 		e.Reset(nil)
 		out.Append(&e)
 	}
-	wr := verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpSend, SGL: [][]byte{e.Bytes(), reply}}
+	op, inv := verbs.OpSend, uint32(0)
 	if stag, ok := c.singleSTag(call); ok && c.s.cfg.RemoteInvalidate && remInv {
-		wr.Opcode, wr.InvalidateSTag = verbs.OpSendWithInvalidate, stag
+		op, inv = verbs.OpSendWithInvalidate, stag
 		c.s.sendInvs.Add(1)
 	}
 	c.tracef("reply xid=%#x proc=%d inline=%d writes=%v reply=%v", call.XID, out.Proc, len(reply), out.Writes, out.Reply)
-	return c.qp.PostSend(wr)
+	return c.postSend(op, inv, e.Bytes(), reply)
 }
 
 // singleSTag returns the one STag the call exposed for the reply, if it
@@ -568,10 +694,18 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment) erro
 			continue
 		}
 		n := min(int(s.Length), len(data))
-		err := c.qp.PostSend(verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpRDMAWrite,
-			SGL: [][]byte{data[:n]}, RemoteSTag: s.Handle, RemoteOffset: s.Offset})
-		if err != nil {
-			return fmt.Errorf("RDMA Write: %w", err)
+		for done := 0; done < n; {
+			k := min(n-done, rdmaPiece)
+			buf, err := c.s.pool.GetWait(context.Background(), k)
+			if err != nil {
+				return fmt.Errorf("RDMA Write: %w", err)
+			}
+			copy(buf, data[done:done+k])
+			wr := verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpRDMAWrite, RemoteSTag: s.Handle, RemoteOffset: s.Offset + uint64(done)}
+			if err := c.post(wr, buf, k, nil); err != nil {
+				return fmt.Errorf("RDMA Write: %w", err)
+			}
+			done += k
 		}
 		ret[i].Length = uint32(n)
 		data = data[n:]
@@ -588,5 +722,5 @@ func (c *serverConn) sendError(call *Header, code uint32) {
 	out.Append(&e)
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
-	c.qp.PostSend(verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpSend, SGL: [][]byte{e.Bytes()}})
+	c.postSend(verbs.OpSend, 0, e.Bytes())
 }

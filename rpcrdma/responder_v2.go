@@ -1,6 +1,7 @@
 package rpcrdma
 
 import (
+	"context"
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/verbs"
 )
@@ -50,7 +51,12 @@ func (c *serverConn) nextRecvBuf(old []byte) []byte {
 		c.recvSize, c.growTo = size, 0
 		go c.sendOptional(OptUpdXch, UpdXch{Now: Uint32Val(XCharRBSize, uint32(size)), PendClr: true}.Marshal(), 0)
 	}
-	return make([]byte, size)
+	b, err := c.s.pool.GetWait(context.Background(), size)
+	if err != nil {
+		return old
+	}
+	c.s.pool.Put(old)
+	return b
 }
 
 // sendInitXch announces our characteristics after the first version-2
@@ -86,7 +92,7 @@ func (c *serverConn) sendOptional(opt uint32, info []byte, xid uint32) {
 	h.Append(&e)
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
-	c.qp.PostSend(verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpSend, SGL: [][]byte{e.Bytes()}})
+	c.postSend(verbs.OpSend, 0, e.Bytes())
 }
 
 // handleOptional serves an RDMA_OPTIONAL from the requester.

@@ -5,10 +5,10 @@ import (
 	"sync"
 )
 
-// CompletionQueue collects completions from one or more queue pairs. Push
+// SoftCQ is a CompletionQueue in memory, for software providers: Push
 // never blocks (the queue grows); Poll blocks until a completion is there.
 // Polling does not allocate.
-type CompletionQueue struct {
+type SoftCQ struct {
 	mu     sync.Mutex
 	ring   []Completion
 	head   int
@@ -16,13 +16,15 @@ type CompletionQueue struct {
 	notify chan struct{} // capacity 1: "something was pushed"
 }
 
-// NewCompletionQueue returns an empty completion queue.
-func NewCompletionQueue() *CompletionQueue {
-	return &CompletionQueue{ring: make([]Completion, 64), notify: make(chan struct{}, 1)}
+var _ CompletionQueue = (*SoftCQ)(nil)
+
+// NewSoftCQ returns an empty software completion queue.
+func NewSoftCQ() *SoftCQ {
+	return &SoftCQ{ring: make([]Completion, 64), notify: make(chan struct{}, 1)}
 }
 
 // Push appends a completion. It is for providers.
-func (cq *CompletionQueue) Push(c Completion) {
+func (cq *SoftCQ) Push(c Completion) {
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
 		bigger := make([]Completion, 2*len(cq.ring))
@@ -41,7 +43,7 @@ func (cq *CompletionQueue) Push(c Completion) {
 
 // TryPoll moves up to len(out) completions into out without blocking and
 // returns how many it moved.
-func (cq *CompletionQueue) TryPoll(out []Completion) int {
+func (cq *SoftCQ) TryPoll(out []Completion) int {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	k := 0
@@ -63,7 +65,7 @@ func (cq *CompletionQueue) TryPoll(out []Completion) int {
 
 // Poll waits until at least one completion is available (or ctx ends),
 // then moves up to len(out) completions into out.
-func (cq *CompletionQueue) Poll(ctx context.Context, out []Completion) (int, error) {
+func (cq *SoftCQ) Poll(ctx context.Context, out []Completion) (int, error) {
 	if len(out) == 0 {
 		return 0, nil
 	}
@@ -80,7 +82,7 @@ func (cq *CompletionQueue) Poll(ctx context.Context, out []Completion) (int, err
 }
 
 // Len returns the number of completions waiting.
-func (cq *CompletionQueue) Len() int {
+func (cq *SoftCQ) Len() int {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.n

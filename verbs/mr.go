@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"context"
 	"fmt"
 	"sync"
 )
@@ -25,6 +26,7 @@ type ProtectionDomain struct {
 	hook RegistrationHook
 
 	mu        sync.Mutex
+	idle      sync.Cond                // signalled when a region's provider accesses end
 	regions   map[uint32]*MemoryRegion // by STag index (stag >> 8)
 	nextIndex uint32
 	liveRem   int // valid regions with remote access
@@ -32,7 +34,9 @@ type ProtectionDomain struct {
 
 // NewProtectionDomain returns an empty protection domain.
 func NewProtectionDomain() *ProtectionDomain {
-	return &ProtectionDomain{regions: make(map[uint32]*MemoryRegion), nextIndex: 1}
+	pd := &ProtectionDomain{regions: make(map[uint32]*MemoryRegion), nextIndex: 1}
+	pd.idle.L = &pd.mu
+	return pd
 }
 
 // NewProtectionDomainWithHook returns a protection domain whose
@@ -43,48 +47,83 @@ func NewProtectionDomainWithHook(hook RegistrationHook) *ProtectionDomain {
 	return pd
 }
 
-// MemoryRegion is a registered buffer. Its STag (the iWARP name; lkey and
+// MemoryRegion is registered memory. Its STag (the iWARP name; lkey and
 // rkey in InfiniBand terms) is index<<8 | key; the 8-bit key changes on
-// every Reregister so a stale STag never matches again.
+// every Reregister and FastRegister so a stale STag never matches again.
+//
+// A region is either registered memory of its own (RegisterMemory: the
+// transport's slab chunks, as ibv_reg_mr) or a fast-registration region
+// (AllocFastReg, as ibv_alloc_mr) that FastRegister binds to exactly a
+// part of a registered region for one use and Invalidate unbinds, the way
+// FRWR work requests do (RFC 8166 s8.1 relies on this to expose exactly
+// the bytes of one call).
 type MemoryRegion struct {
 	pd  *ProtectionDomain
 	buf []byte
 
 	// Guarded by pd.mu.
-	access Access
-	stag   uint32
-	valid  bool
-	dead   bool
+	access  Access
+	stag    uint32
+	valid   bool
+	dead    bool
+	fast    bool          // allocated by AllocFastReg
+	parent  *MemoryRegion // a fast-registration region's current target
+	offset  uint64        // where buf starts in parent
+	busy    int           // provider accesses in progress (Begin .. End)
+	waiters int           // Invalidate calls waiting for busy to drop
 }
 
 // RegisterMemory registers buf with the given access rights. The region is
-// valid until Invalidate, remote invalidation or Deregister.
+// valid until Invalidate, remote invalidation or Deregister. The caller
+// keeps buf alive and unchanged in place until Deregister: with a hardware
+// provider the pages are pinned, so buf should be memory the caller owns
+// outside the Go heap (see package mrcache).
 func (pd *ProtectionDomain) RegisterMemory(buf []byte, access Access) (*MemoryRegion, error) {
 	mr := &MemoryRegion{pd: pd, buf: buf, access: access}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
+	if err := pd.addLocked(mr); err != nil {
+		return nil, fmt.Errorf("verbs: register %d bytes: %w", len(buf), err)
+	}
+	mr.valid = true
+	if access.Remote() {
+		pd.liveRem++
+	}
+	return mr, nil
+}
+
+// AllocFastReg returns a fast-registration region: it names no memory and
+// is invalid until FastRegister binds it.
+func (pd *ProtectionDomain) AllocFastReg() (*MemoryRegion, error) {
+	mr := &MemoryRegion{pd: pd, fast: true}
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if err := pd.addLocked(mr); err != nil {
+		return nil, fmt.Errorf("verbs: allocate fast-registration region: %w", err)
+	}
+	return mr, nil
+}
+
+// addLocked gives mr an STag; called with pd.mu held.
+func (pd *ProtectionDomain) addLocked(mr *MemoryRegion) error {
 	if pd.hook != nil {
 		stag, err := pd.hook.Register(mr)
 		if err != nil {
-			return nil, fmt.Errorf("verbs: register %d bytes: %w", len(buf), err)
+			return err
 		}
 		if pd.regions[stag>>8] != nil {
-			return nil, fmt.Errorf("verbs: register: provider reused STag index %#x", stag>>8)
+			return fmt.Errorf("provider reused STag index %#x", stag>>8)
 		}
 		mr.stag = stag
 	} else {
 		idx, err := pd.allocIndex()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		mr.stag = idx << 8
 	}
-	mr.valid = true
 	pd.regions[mr.stag>>8] = mr
-	if access.Remote() {
-		pd.liveRem++
-	}
-	return mr, nil
+	return nil
 }
 
 // allocIndex finds a free STag index; called with pd.mu held.
@@ -99,7 +138,7 @@ func (pd *ProtectionDomain) allocIndex() (uint32, error) {
 			return idx, nil
 		}
 	}
-	return 0, fmt.Errorf("verbs: register: all %d STag indexes in use", maxIndex-1)
+	return 0, fmt.Errorf("all %d STag indexes in use", maxIndex-1)
 }
 
 // LiveRemoteRegions returns how many valid regions grant remote access: an
@@ -111,12 +150,48 @@ func (pd *ProtectionDomain) LiveRemoteRegions() int {
 	return pd.liveRem
 }
 
-// Resolve is for providers: it checks an access to [off, off+n) of the
-// region named by stag with the rights need, and returns that part of the
-// region's buffer. Errors wrap ErrInvalidSTag, ErrAccess or ErrBounds.
+// Resolve checks an access to [off, off+n) of the region named by stag
+// with the rights need, and returns that part of the region's memory.
+// Errors wrap ErrInvalidSTag, ErrAccess or ErrBounds. A provider that
+// then reads or writes the memory uses Begin instead, so that an
+// invalidation waits for it.
 func (pd *ProtectionDomain) Resolve(stag uint32, need Access, off, n uint64) ([]byte, error) {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
+	mr, err := pd.lookupLocked(stag, need, off, n)
+	if err != nil {
+		return nil, err
+	}
+	return mr.buf[off : off+n : off+n], nil
+}
+
+// Begin is for providers: it checks an access like Resolve and marks the
+// region busy until End. Invalidating or deregistering the region waits
+// for End, so once Invalidate has returned no byte of the region can be
+// read or written for the peer any more, even by a placement that had
+// already started (RFC 8166 s8.1).
+func (pd *ProtectionDomain) Begin(stag uint32, need Access, off, n uint64) ([]byte, *MemoryRegion, error) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	mr, err := pd.lookupLocked(stag, need, off, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	mr.busy++
+	return mr.buf[off : off+n : off+n], mr, nil
+}
+
+// End ends an access that Begin started.
+func (mr *MemoryRegion) End() {
+	mr.pd.mu.Lock()
+	mr.busy--
+	if mr.busy == 0 && mr.waiters > 0 {
+		mr.pd.idle.Broadcast()
+	}
+	mr.pd.mu.Unlock()
+}
+
+func (pd *ProtectionDomain) lookupLocked(stag uint32, need Access, off, n uint64) (*MemoryRegion, error) {
 	mr := pd.regions[stag>>8]
 	if mr == nil || mr.stag != stag || !mr.valid {
 		return nil, fmt.Errorf("STag %#08x: %w", stag, ErrInvalidSTag)
@@ -128,12 +203,14 @@ func (pd *ProtectionDomain) Resolve(stag uint32, need Access, off, n uint64) ([]
 	if off > size || n > size-off {
 		return nil, fmt.Errorf("STag %#08x: [%d, +%d) outside %d bytes: %w", stag, off, n, size, ErrBounds)
 	}
-	return mr.buf[off : off+n : off+n], nil
+	return mr, nil
 }
 
 // InvalidateRemote is for providers: it performs the invalidation a
 // received Send With Invalidate asks for (RFC 5040 s5.3). Only a valid
 // region of this domain with remote access rights can be invalidated.
+// It does not wait for accesses in progress; the upper layer's own
+// Invalidate does.
 func (pd *ProtectionDomain) InvalidateRemote(stag uint32) error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
@@ -164,14 +241,48 @@ func (mr *MemoryRegion) invalidateLocked() error {
 	return nil
 }
 
+// waitIdleLocked waits until no provider access to mr is in progress, or
+// ctx ends; called with pd.mu held.
+func (mr *MemoryRegion) waitIdleLocked(ctx context.Context) error {
+	if mr.busy == 0 {
+		return nil
+	}
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() {
+			mr.pd.mu.Lock()
+			mr.pd.idle.Broadcast()
+			mr.pd.mu.Unlock()
+		})
+		defer stop()
+	}
+	mr.waiters++
+	defer func() { mr.waiters-- }()
+	for mr.busy > 0 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("verbs: STag %#08x still in use by the provider: %w", mr.stag, err)
+		}
+		mr.pd.idle.Wait()
+	}
+	return nil
+}
+
 // PD returns the region's protection domain.
 func (mr *MemoryRegion) PD() *ProtectionDomain { return mr.pd }
 
-// Bytes returns the registered buffer.
-func (mr *MemoryRegion) Bytes() []byte { return mr.buf }
+// Bytes returns the registered memory (for a fast-registration region,
+// the part it is bound to now).
+func (mr *MemoryRegion) Bytes() []byte {
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	return mr.buf
+}
 
-// Len returns the size of the registered buffer.
-func (mr *MemoryRegion) Len() int { return len(mr.buf) }
+// Len returns the size of the registered memory.
+func (mr *MemoryRegion) Len() int {
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	return len(mr.buf)
+}
 
 // STag returns the region's current STag (rkey and lkey).
 func (mr *MemoryRegion) STag() uint32 {
@@ -179,6 +290,10 @@ func (mr *MemoryRegion) STag() uint32 {
 	defer mr.pd.mu.Unlock()
 	return mr.stag
 }
+
+// LKey returns the key that names the region in local work requests (the
+// STag for iWARP; a separate lkey on InfiniBand hardware).
+func (mr *MemoryRegion) LKey() uint32 { return mr.STag() }
 
 // Access returns the region's current access rights.
 func (mr *MemoryRegion) Access() Access {
@@ -194,28 +309,71 @@ func (mr *MemoryRegion) Valid() bool {
 	return mr.valid
 }
 
+// Local is for providers: it resolves a local scatter/gather element of
+// this region, checking that the region is alive and has need, and that
+// [off, off+n) lies inside it. Errors wrap ErrInvalidSTag, ErrAccess or
+// ErrBounds.
+func (mr *MemoryRegion) Local(need Access, off uint64, n uint32) ([]byte, error) {
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	if mr.dead || mr.fast {
+		return nil, fmt.Errorf("local key %#08x: %w", mr.stag, ErrInvalidSTag)
+	}
+	if mr.access&need != need {
+		return nil, fmt.Errorf("local key %#08x has %v, needs %v: %w", mr.stag, mr.access, need, ErrAccess)
+	}
+	size := uint64(len(mr.buf))
+	if off > size || uint64(n) > size-off {
+		return nil, fmt.Errorf("local key %#08x: [%d, +%d) outside %d bytes: %w", mr.stag, off, n, size, ErrBounds)
+	}
+	return mr.buf[off : off+uint64(n) : off+uint64(n)], nil
+}
+
 // Invalidate invalidates the region locally: its STag stops working for
-// both sides until Reregister. Invalidating an invalid region is a no-op.
+// both sides until it is registered again, and Invalidate waits until
+// provider accesses already in progress have ended. Such an access
+// stalls only while the peer stalls a transfer; closing the queue pair
+// ends it (see InvalidateContext). Invalidating an invalid region only
+// waits.
 func (mr *MemoryRegion) Invalidate() error {
+	return mr.InvalidateContext(context.Background())
+}
+
+// InvalidateContext is Invalidate with a bound on the wait. When ctx ends
+// first the region is already invalid (no new access can start) but an
+// access is still in progress: the caller must not reuse the memory
+// before a later Invalidate returns nil (after closing the queue pair).
+func (mr *MemoryRegion) InvalidateContext(ctx context.Context) error {
 	mr.pd.mu.Lock()
 	defer mr.pd.mu.Unlock()
 	if mr.dead {
 		return fmt.Errorf("verbs: invalidate: %w", ErrClosed)
 	}
-	return mr.invalidateLocked()
+	if err := mr.invalidateLocked(); err != nil {
+		return err
+	}
+	return mr.waitIdleLocked(ctx)
 }
 
 // Reregister makes the region valid again with new access rights and a new
-// STag key (like a fast-register work request), and returns the new STag.
+// STag key, and returns the new STag.
 func (mr *MemoryRegion) Reregister(access Access) (uint32, error) {
 	mr.pd.mu.Lock()
 	defer mr.pd.mu.Unlock()
-	if mr.dead {
+	if mr.dead || mr.fast {
 		return 0, fmt.Errorf("verbs: reregister: %w", ErrClosed)
 	}
 	if err := mr.invalidateLocked(); err != nil {
 		return 0, err
 	}
+	if err := mr.waitIdleLocked(context.Background()); err != nil {
+		return 0, err
+	}
+	return mr.rekeyLocked(access)
+}
+
+// rekeyLocked gives mr a new STag key and makes it valid with access.
+func (mr *MemoryRegion) rekeyLocked(access Access) (uint32, error) {
 	old := mr.stag
 	mr.access = access
 	if mr.pd.hook != nil {
@@ -238,7 +396,42 @@ func (mr *MemoryRegion) Reregister(access Access) (uint32, error) {
 	return mr.stag, nil
 }
 
-// Deregister invalidates the region and releases its STag for good.
+// FastRegister binds the fast-registration region mr to exactly the n
+// bytes at off in the registered region target, with access, under a new
+// STag key, and returns that STag (a fast-register work request,
+// IB_WR_REG_MR). mr must be invalid: bound regions are invalidated
+// before they are bound again, as FRWR requires.
+func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, access Access) (uint32, error) {
+	if target == nil || target.pd != mr.pd {
+		return 0, fmt.Errorf("verbs: fast register: target of another protection domain: %w", ErrInvalidWR)
+	}
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	switch {
+	case !mr.fast || mr.dead:
+		return 0, fmt.Errorf("verbs: fast register STag %#08x: not a fast-registration region: %w", mr.stag, ErrInvalidWR)
+	case mr.valid || mr.busy > 0:
+		return 0, fmt.Errorf("verbs: fast register STag %#08x: still bound: %w", mr.stag, ErrInvalidWR)
+	case target.dead || target.fast:
+		return 0, fmt.Errorf("verbs: fast register: target is not registered memory: %w", ErrInvalidSTag)
+	case n <= 0 || off > uint64(len(target.buf)) || uint64(n) > uint64(len(target.buf))-off:
+		return 0, fmt.Errorf("verbs: fast register [%d, +%d) of a %d-byte region: %w", off, n, len(target.buf), ErrBounds)
+	}
+	mr.parent, mr.offset = target, off
+	mr.buf = target.buf[off : off+uint64(n) : off+uint64(n)]
+	return mr.rekeyLocked(access)
+}
+
+// Offset returns where a fast-registration region's memory starts in the
+// region it is bound to.
+func (mr *MemoryRegion) Offset() uint64 {
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	return mr.offset
+}
+
+// Deregister invalidates the region, waits for provider accesses in
+// progress, and releases its STag for good.
 func (mr *MemoryRegion) Deregister() error {
 	mr.pd.mu.Lock()
 	defer mr.pd.mu.Unlock()
@@ -248,12 +441,16 @@ func (mr *MemoryRegion) Deregister() error {
 	if err := mr.invalidateLocked(); err != nil {
 		return err
 	}
+	if err := mr.waitIdleLocked(context.Background()); err != nil {
+		return err
+	}
 	if mr.pd.hook != nil {
 		if err := mr.pd.hook.Deregister(mr); err != nil {
 			return fmt.Errorf("verbs: deregister STag %#08x: %w", mr.stag, err)
 		}
 	}
 	mr.dead = true
+	mr.buf, mr.parent = nil, nil
 	delete(mr.pd.regions, mr.stag>>8)
 	return nil
 }

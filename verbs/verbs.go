@@ -1,22 +1,26 @@
 // Package verbs is the RDMA verbs API that rdmafs's RPC-over-RDMA transport
-// is written against: protection domains, memory regions with STags and
-// invalidation, connected reliable queue pairs with send and receive work
-// requests, completion queues and connection setup with private data.
+// is written against: protection domains, memory regions with STags,
+// fast registration and invalidation, connected reliable queue pairs with
+// send and receive work requests over scatter/gather lists, completion
+// queues and connection setup with private data.
 //
-// The package is provider neutral. A provider (the pure-Go iWARP provider in
-// verbs/iwarp, or a later cgo rdma-core provider) implements Provider,
-// QueuePair and Listener; ProtectionDomain, MemoryRegion and
-// CompletionQueue are concrete types shared by all providers.
+// The package is provider neutral and shaped like the hardware verbs
+// (libibverbs): every local buffer a work request names is registered
+// memory, referenced as (region, offset, length) with the region's local
+// key (SGE), and completion queues are an interface each provider
+// implements. A provider (the pure-Go iWARP provider in verbs/iwarp, or a
+// cgo rdma-core provider) implements Provider, QueuePair, Listener and
+// CompletionQueue; ProtectionDomain and MemoryRegion are shared.
 //
 // A short example with the iWARP provider:
 //
 //	pd := verbs.NewProtectionDomain()
+//	mem, _ := pd.RegisterMemory(buf, verbs.AccessLocalWrite) // buf: memory the caller owns
 //	qp, err := iwarp.Dial(ctx, "server:20049", &verbs.ConnParams{PD: pd, PrivateData: pdata})
 //	if err != nil { ... }
 //	defer qp.Close()
-//	buf := make([]byte, 4096)
-//	qp.PostRecv(1, buf)
-//	qp.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: [][]byte{msg}})
+//	qp.PostRecv(verbs.RecvWR{WRID: 1, SGL: []verbs.SGE{{MR: mem, Offset: 0, Length: 4096}}})
+//	qp.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: []verbs.SGE{{MR: mem, Offset: 4096, Length: n}}})
 //	var wc [8]verbs.Completion
 //	n, err := qp.SendCQ().Poll(ctx, wc[:])
 //
@@ -133,29 +137,56 @@ type Completion struct {
 	InvalidatedSTag uint32
 }
 
+// MaxSGE is the most scatter/gather elements a work request may name.
+const MaxSGE = 8
+
+// SGE is a scatter/gather element: Length bytes at Offset in the
+// registered region MR, named in work requests by the region's local key
+// (ibv_sge). The region must stay registered until the work request
+// completes.
+type SGE struct {
+	MR     *MemoryRegion
+	Offset uint64
+	Length uint32
+}
+
 // SendWR is a send queue work request.
 //
-// The caller must not modify the buffers that a work request names until
+// The caller must not modify the memory that a work request names until
 // its completion has been polled.
 type SendWR struct {
 	WRID   uint64
 	Opcode Opcode // OpSend, OpSendWithInvalidate, OpRDMAWrite or OpRDMARead
-	// SGL is the gather list of a Send or RDMA Write: the message is the
-	// concatenation of its slices.
-	SGL [][]byte
+	// SGL is the gather list of a Send or RDMA Write (the message is
+	// the concatenation of its elements) or the scatter list of an RDMA
+	// Read's local sink (which needs AccessLocalWrite). At most MaxSGE
+	// elements.
+	SGL []SGE
 	// Solicited asks for a solicited event at the receiver (Send only).
 	Solicited bool
 	// InvalidateSTag is the peer's STag to invalidate (OpSendWithInvalidate).
 	InvalidateSTag uint32
 	// RemoteSTag and RemoteOffset name the peer's memory for RDMA Write
-	// (sink) and RDMA Read (source).
+	// (sink) and RDMA Read (source); Length is an RDMA Read's size.
 	RemoteSTag   uint32
 	RemoteOffset uint64
-	// LocalMR, LocalOffset and Length name the local sink of an RDMA Read.
-	// LocalMR needs AccessLocalWrite.
-	LocalMR     *MemoryRegion
-	LocalOffset uint64
-	Length      uint32
+	Length       uint32
+}
+
+// RecvWR is a receive queue work request: the buffer an inbound Send is
+// placed in. Its elements need AccessLocalWrite.
+type RecvWR struct {
+	WRID uint64
+	SGL  []SGE
+}
+
+// SGLLen returns the number of bytes sgl names.
+func SGLLen(sgl []SGE) uint64 {
+	var n uint64
+	for _, s := range sgl {
+		n += uint64(s.Length)
+	}
+	return n
 }
 
 // ConnRequest describes an incoming connection request to the passive side.
@@ -173,8 +204,10 @@ type ConnParams struct {
 	PD *ProtectionDomain
 	// SendCQ and RecvCQ receive the completions; they may be the same
 	// queue and may be shared by several queue pairs. A nil one is
-	// replaced by a new queue of the queue pair's own.
-	SendCQ, RecvCQ *CompletionQueue
+	// replaced by a new queue of the queue pair's own. A provider
+	// accepts only completion queues of its own kind (*SoftCQ for the
+	// iWARP provider).
+	SendCQ, RecvCQ CompletionQueue
 	// PrivateData is given to the peer's upper layer (RFC 8797 puts
 	// the RPC-over-RDMA parameters here). On the passive side it is the
 	// reply private data unless OnConnect returns some.
@@ -209,11 +242,11 @@ type QueuePair interface {
 	PostSend(wr SendWR) error
 	// PostRecv posts a receive buffer. On a broken queue pair the
 	// buffer completes with StatusFlushed.
-	PostRecv(wrid uint64, buf []byte) error
+	PostRecv(wr RecvWR) error
 	// SendCQ is the completion queue of the send queue.
-	SendCQ() *CompletionQueue
+	SendCQ() CompletionQueue
 	// RecvCQ is the completion queue of the receive queue.
-	RecvCQ() *CompletionQueue
+	RecvCQ() CompletionQueue
 	// PD is the queue pair's protection domain.
 	PD() *ProtectionDomain
 	// PeerPrivateData is the upper-layer private data the peer sent
@@ -244,6 +277,18 @@ type Listener interface {
 	Addr() net.Addr
 	// Close stops listening; queue pairs already accepted stay up.
 	Close() error
+}
+
+// CompletionQueue delivers completions of one or more queue pairs. A
+// provider implements it (a software queue, or an ibv_cq polled and armed
+// by the provider).
+type CompletionQueue interface {
+	// Poll waits until at least one completion is available (or ctx
+	// ends), then moves up to len(out) completions into out.
+	Poll(ctx context.Context, out []Completion) (int, error)
+	// TryPoll moves up to len(out) completions into out without
+	// blocking and returns how many it moved.
+	TryPoll(out []Completion) int
 }
 
 // Provider creates queue pairs; a transport holds one to stay provider

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -74,7 +75,7 @@ func TestMemoryRegionLifecycle(t *testing.T) {
 }
 
 func TestCompletionQueue(t *testing.T) {
-	cq := NewCompletionQueue()
+	cq := NewSoftCQ()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const n = 1000
@@ -119,5 +120,283 @@ func TestStrings(t *testing.T) {
 	}
 	if StatusFlushed.String() != "Flushed" || Status(99).String() != "Status(99)" {
 		t.Fatal("Status.String")
+	}
+}
+
+// TestFastRegisterWindow: a fast-registration region exposes exactly the
+// bytes FastRegister bound it to (RFC 8166 s8.1 relies on it), each
+// binding gets a new STag that a stale one never matches, a bound region
+// is not bound again before it is invalidated, and the region names no
+// local memory for work requests.
+func TestFastRegisterWindow(t *testing.T) {
+	pd := NewProtectionDomain()
+	parent, err := pd.RegisterMemory(make([]byte, 1000), AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr, err := pd.AllocFastReg()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unbound := fr.STag()
+	if fr.Valid() || fr.Len() != 0 || pd.LiveRemoteRegions() != 0 {
+		t.Fatalf("new fast-registration region: valid %v, %d bytes, %d live", fr.Valid(), fr.Len(), pd.LiveRemoteRegions())
+	}
+	if _, err := pd.Resolve(unbound, 0, 0, 0); !errors.Is(err, ErrInvalidSTag) {
+		t.Fatalf("unbound region resolves: %v", err)
+	}
+	const off, n = 100, 200
+	rw := AccessRemoteRead | AccessRemoteWrite
+	s1, err := fr.FastRegister(parent, off, n, rw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s1 == unbound || s1>>8 != unbound>>8 || s1 != fr.STag() || !fr.Valid() || fr.Len() != n || fr.Offset() != off || pd.LiveRemoteRegions() != 1 {
+		t.Fatalf("bound: STag %#x (unbound %#x), valid %v, %d bytes at %d, %d live", s1, unbound, fr.Valid(), fr.Len(), fr.Offset(), pd.LiveRemoteRegions())
+	}
+	// The window is the parent's memory, capacity included.
+	b, err := pd.Resolve(s1, AccessRemoteWrite, 0, n)
+	if err != nil || len(b) != n || cap(b) != n {
+		t.Fatalf("resolve the whole window: %d/%d bytes, %v", len(b), cap(b), err)
+	}
+	b[0], b[n-1] = 1, 2
+	if p := parent.Bytes(); p[off-1] != 0 || p[off] != 1 || p[off+n-1] != 2 || p[off+n] != 0 {
+		t.Fatalf("window does not map [%d, %d) of the parent: %v", off, off+n, p[off-1:off+n+1])
+	}
+	// One byte before or after the window is out of bounds, for Resolve
+	// and for a provider's Begin alike; the parent's bytes around the
+	// window are not reachable through the window's STag.
+	for _, tc := range []struct{ off, n uint64 }{
+		{0, n + 1},               // one byte past the end
+		{n, 1},                   // the byte after the window
+		{n - 1, 2},               // the last byte and the one after
+		{1<<64 - 1, 1},           // the byte before the window (offset -1)
+		{1<<64 - 1, 2},           // it and the first byte
+		{n + 1, 0},               // an empty access beyond the end
+		{1 << 63, 1<<63 + n - 1}, // wraps around
+	} {
+		if _, err := pd.Resolve(s1, AccessRemoteWrite, tc.off, tc.n); !errors.Is(err, ErrBounds) {
+			t.Errorf("resolve [%d,+%d): %v, want ErrBounds", tc.off, tc.n, err)
+		}
+		if _, mr, err := pd.Begin(s1, AccessRemoteWrite, tc.off, tc.n); !errors.Is(err, ErrBounds) {
+			if mr != nil {
+				mr.End()
+			}
+			t.Errorf("begin [%d,+%d): %v, want ErrBounds", tc.off, tc.n, err)
+		}
+	}
+	if b, mr, err := pd.Begin(s1, AccessRemoteRead, n-1, 1); err != nil || mr != fr || len(b) != 1 || b[0] != 2 {
+		t.Fatalf("begin the last byte: %v %v", b, err)
+	} else {
+		mr.End()
+	}
+	// The binding's rights, not the parent's, apply.
+	if _, err := pd.Resolve(s1, AccessLocalWrite, 0, 1); !errors.Is(err, ErrAccess) {
+		t.Fatalf("local write through a remote-only window: %v", err)
+	}
+	if _, err := pd.Resolve(parent.STag(), AccessRemoteRead, 0, 1); !errors.Is(err, ErrAccess) {
+		t.Fatalf("remote read of the local-only parent: %v", err)
+	}
+	// A bound region is not bound again (FRWR: invalidate first).
+	if _, err := fr.FastRegister(parent, 0, 10, rw); !errors.Is(err, ErrInvalidWR) {
+		t.Fatalf("fast register of a bound region: %v", err)
+	}
+	if fr.STag() != s1 || !fr.Valid() || fr.Len() != n {
+		t.Fatalf("refused rebinding changed the region: %#x %v %d", fr.STag(), fr.Valid(), fr.Len())
+	}
+	// A fast-registration region is no local key: work requests name
+	// the registered region itself.
+	for _, tc := range []struct {
+		need Access
+		off  uint64
+		n    uint32
+	}{{0, 0, 1}, {AccessLocalWrite, 0, 1}, {0, 0, 0}} {
+		if _, err := fr.Local(tc.need, tc.off, tc.n); !errors.Is(err, ErrInvalidSTag) {
+			t.Errorf("local SGE %v [%d,+%d) of a fast-registration region: %v", tc.need, tc.off, tc.n, err)
+		}
+	}
+	if b, err := parent.Local(AccessLocalWrite, off, n); err != nil || len(b) != n || b[0] != 1 {
+		t.Fatalf("local SGE of the parent: %v", err)
+	}
+	// Invalidate, then bind again: the stale STag stays dead.
+	if err := fr.Invalidate(); err != nil || fr.Valid() || pd.LiveRemoteRegions() != 0 {
+		t.Fatalf("invalidate: %v", err)
+	}
+	if _, err := pd.Resolve(s1, AccessRemoteRead, 0, 1); !errors.Is(err, ErrInvalidSTag) {
+		t.Fatalf("invalidated window resolves: %v", err)
+	}
+	if _, err := fr.Local(0, 0, 1); !errors.Is(err, ErrInvalidSTag) {
+		t.Fatalf("local SGE of an invalidated fast-registration region: %v", err)
+	}
+	s2, err := fr.FastRegister(parent, 0, 50, AccessRemoteRead)
+	if err != nil || s2 == s1 || s2>>8 != s1>>8 || fr.Offset() != 0 || fr.Len() != 50 {
+		t.Fatalf("rebind: %#x -> %#x, %v", s1, s2, err)
+	}
+	for _, need := range []Access{AccessRemoteRead, AccessRemoteWrite, 0} {
+		if _, err := pd.Resolve(s1, need, 0, 1); !errors.Is(err, ErrInvalidSTag) {
+			t.Fatalf("stale STag %#x resolves after rebinding as %#x: %v", s1, s2, err)
+		}
+		if _, mr, err := pd.Begin(s1, need, 0, 1); !errors.Is(err, ErrInvalidSTag) {
+			if mr != nil {
+				mr.End()
+			}
+			t.Fatalf("stale STag %#x begins after rebinding: %v", s1, err)
+		}
+	}
+	if _, err := pd.Resolve(s2, AccessRemoteRead, 0, 50); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.Resolve(s2, AccessRemoteRead, 50, 1); !errors.Is(err, ErrBounds) {
+		t.Fatalf("rebound window leaks the old window's bytes: %v", err)
+	}
+	if _, err := pd.Resolve(s2, AccessRemoteWrite, 0, 1); !errors.Is(err, ErrAccess) {
+		t.Fatalf("rebound window keeps the old rights: %v", err)
+	}
+	// Remote invalidation (Send With Invalidate) unbinds it as well, and
+	// 256 more bindings never reuse a key early.
+	if err := pd.InvalidateRemote(s2); err != nil || fr.Valid() {
+		t.Fatalf("remote invalidate: %v", err)
+	}
+	seen := map[uint32]bool{s1: true, s2: true}
+	for i := range 253 {
+		s, err := fr.FastRegister(parent, uint64(i), 1, AccessRemoteWrite)
+		if err != nil || seen[s] {
+			t.Fatalf("binding %d: %#x (seen %v), %v", i, s, seen[s], err)
+		}
+		seen[s] = true
+		if err := fr.Invalidate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Bad bindings.
+	other, _ := NewProtectionDomain().RegisterMemory(make([]byte, 10), AccessLocalWrite)
+	fr2, _ := pd.AllocFastReg()
+	for _, tc := range []struct {
+		name   string
+		mr     *MemoryRegion
+		target *MemoryRegion
+		off    uint64
+		n      int
+		want   error
+	}{
+		{"empty", fr, parent, 0, 0, ErrBounds},
+		{"negative", fr, parent, 0, -1, ErrBounds},
+		{"past the end", fr, parent, 1, 1000, ErrBounds},
+		{"offset past the end", fr, parent, 1001, 1, ErrBounds},
+		{"huge offset", fr, parent, 1 << 63, 1, ErrBounds},
+		{"target is a fast-registration region", fr, fr2, 0, 1, ErrInvalidSTag},
+		{"target of another PD", fr, other, 0, 1, ErrInvalidWR},
+		{"nil target", fr, nil, 0, 1, ErrInvalidWR},
+		{"not a fast-registration region", parent, parent, 0, 1, ErrInvalidWR},
+	} {
+		if _, err := tc.mr.FastRegister(tc.target, tc.off, tc.n, rw); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if fr.Valid() || pd.LiveRemoteRegions() != 0 {
+		t.Fatalf("a refused binding left the region valid")
+	}
+	if err := fr.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fr.FastRegister(parent, 0, 1, rw); !errors.Is(err, ErrInvalidWR) {
+		t.Fatalf("fast register after deregister: %v", err)
+	}
+	dead, _ := pd.RegisterMemory(make([]byte, 10), AccessLocalWrite)
+	dead.Deregister()
+	if _, err := fr2.FastRegister(dead, 0, 1, rw); !errors.Is(err, ErrInvalidSTag) {
+		t.Fatalf("fast register onto a deregistered region: %v", err)
+	}
+}
+
+// TestInvalidateWaitsForAccess: Invalidate does not return while a
+// provider access (Begin .. End) is in progress, so nothing is placed
+// after it returns; with a bounded context it gives up with the region
+// already invalid. testing/synctest detects that Invalidate is blocked
+// (no sleeps).
+func TestInvalidateWaitsForAccess(t *testing.T) {
+	for _, fast := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			pd := NewProtectionDomain()
+			mr, err := pd.RegisterMemory(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			target := mr
+			if fast {
+				if mr, err = pd.AllocFastReg(); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := mr.FastRegister(target, 8, 32, AccessRemoteWrite); err != nil {
+					t.Fatal(err)
+				}
+			}
+			stag, live := mr.STag(), pd.LiveRemoteRegions()
+			b, acc, err := pd.Begin(stag, AccessRemoteWrite, 4, 16)
+			if err != nil || acc != mr || len(b) != 16 {
+				t.Fatalf("begin: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+			err = mr.InvalidateContext(ctx)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("invalidate during an access: %v, want context.DeadlineExceeded", err)
+			}
+			// Already invalid: no new access starts.
+			if mr.Valid() || pd.LiveRemoteRegions() != live-1 {
+				t.Fatalf("region valid %v, %d live remote regions (%d before) after a timed-out invalidation", mr.Valid(), pd.LiveRemoteRegions(), live)
+			}
+			if _, _, err := pd.Begin(stag, AccessRemoteWrite, 0, 1); !errors.Is(err, ErrInvalidSTag) {
+				t.Fatalf("begin after invalidation: %v", err)
+			}
+			if fast {
+				// Not rebound while the old binding is in use.
+				if _, err := mr.FastRegister(target, 0, 8, AccessRemoteWrite); !errors.Is(err, ErrInvalidWR) {
+					t.Fatalf("fast register during an access: %v", err)
+				}
+			}
+			// A blocking Invalidate waits for End.
+			done := make(chan error, 1)
+			go func() { done <- mr.Invalidate() }()
+			synctest.Wait() // Invalidate is durably blocked, or done
+			select {
+			case err := <-done:
+				t.Fatalf("Invalidate returned %v while an access was in progress", err)
+			default:
+			}
+			b[0] = 1 // the access may still write
+			acc.End()
+			if err := <-done; err != nil {
+				t.Fatalf("invalidate after End: %v", err)
+			}
+			if err := mr.Invalidate(); err != nil {
+				t.Fatalf("invalidate when idle: %v", err)
+			}
+			// Deregister waits the same way.
+			if fast {
+				s, err := mr.FastRegister(target, 0, 8, AccessRemoteWrite)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stag = s
+			} else if stag, err = mr.Reregister(AccessRemoteWrite); err != nil {
+				t.Fatal(err)
+			}
+			_, acc, err = pd.Begin(stag, AccessRemoteWrite, 0, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { done <- mr.Deregister() }()
+			synctest.Wait()
+			select {
+			case err := <-done:
+				t.Fatalf("Deregister returned %v while an access was in progress", err)
+			default:
+			}
+			acc.End()
+			if err := <-done; err != nil {
+				t.Fatalf("deregister after End: %v", err)
+			}
+		})
 	}
 }

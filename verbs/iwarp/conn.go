@@ -3,10 +3,14 @@
 // RDMAP (RFC 5040) over a TCP connection. It needs no RDMA hardware and
 // interoperates with Linux soft-iWARP (siw).
 //
-// Tagged data (RDMA Write, Read Response) is read from the socket straight
-// into the registered destination buffer after the STag, access rights and
-// bounds have been checked; a violation sends a Terminate and breaks the
-// queue pair.
+// Tagged data (RDMA Write, Read Response) is placed after the STag, access
+// rights and bounds have been checked; a violation sends a Terminate and
+// breaks the queue pair. The region stays busy while its data is placed,
+// so an invalidation waits for the placement (verbs.ProtectionDomain.Begin).
+// Payloads of 16 KiB and more are read from the socket straight into
+// place, and the stream then stays unbuffered while the peer keeps sending
+// large FPDUs; small FPDUs (Linux siw sends one per TCP segment) go through
+// a buffered reader, a copy that QP.CopiedBytes counts.
 //
 //	qp, err := iwarp.Dial(ctx, "127.0.0.1:20049", &verbs.ConnParams{CRC: true, PrivateData: pd})
 package iwarp
@@ -34,7 +38,8 @@ const defaultHandshakeTimeout = 30 * time.Second
 // params are ConnParams with defaults applied.
 type params struct {
 	pd        *verbs.ProtectionDomain
-	scq, rcq  *verbs.CompletionQueue
+	scq, rcq  *verbs.SoftCQ
+	err       error // a parameter this provider cannot use
 	pdata     []byte
 	ird, ord  int
 	crc       bool
@@ -47,8 +52,21 @@ func newParams(p *verbs.ConnParams) *params {
 	if p == nil {
 		p = &verbs.ConnParams{}
 	}
-	r := &params{pd: p.PD, scq: p.SendCQ, rcq: p.RecvCQ, pdata: p.PrivateData, ird: p.IRD, ord: p.ORD,
+	r := &params{pd: p.PD, pdata: p.PrivateData, ird: p.IRD, ord: p.ORD,
 		crc: p.CRC, maxULPDU: p.MaxSegment, onConnect: p.OnConnect, setup: p.Setup}
+	for _, cq := range []struct {
+		in  verbs.CompletionQueue
+		out **verbs.SoftCQ
+	}{{p.SendCQ, &r.scq}, {p.RecvCQ, &r.rcq}} {
+		if cq.in == nil {
+			continue
+		}
+		soft, ok := cq.in.(*verbs.SoftCQ)
+		if !ok {
+			r.err = fmt.Errorf("iwarp: completion queue %T is not the provider's (*verbs.SoftCQ): %w", cq.in, verbs.ErrInvalidWR)
+		}
+		*cq.out = soft
+	}
 	if r.ird <= 0 {
 		r.ird = defaultDepth
 	}
@@ -115,6 +133,10 @@ func Dial(ctx context.Context, addr string, p *verbs.ConnParams) (*QP, error) {
 // connection and returns the queue pair. On error conn is closed.
 func Connect(ctx context.Context, conn net.Conn, p *verbs.ConnParams) (*QP, error) {
 	pp := newParams(p)
+	if pp.err != nil {
+		_ = conn.Close()
+		return nil, pp.err
+	}
 	br := bufio.NewReaderSize(conn, readerSize)
 	n, err := mpaInitiate(ctx, conn, br, pp)
 	if err != nil {
@@ -147,6 +169,9 @@ var _ verbs.Listener = (*Listener)(nil)
 
 // Listen listens on a TCP address; Accept returns connected queue pairs.
 func Listen(addr string, p *verbs.ConnParams) (*Listener, error) {
+	if err := newParams(p).err; err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("iwarp: listen %s: %w", addr, err)

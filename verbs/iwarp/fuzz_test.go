@@ -149,7 +149,7 @@ func FuzzReceive(f *testing.F) {
 		}
 		recv := make([]byte, 300)
 		q := &QP{br: bufio.NewReader(bytes.NewReader(data)), pd: pd, crc: crc, ird: 2,
-			scq: verbs.NewCompletionQueue(), rcq: verbs.NewCompletionQueue(), irq: make(chan readRequest, 2)}
+			scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 2)}
 		q.cond.L = &q.mu
 		q.rq.push(recvEntry{wrid: 1, buf: recv[0:50]})
 		q.rq.push(recvEntry{wrid: 2, buf: recv[100:150]})

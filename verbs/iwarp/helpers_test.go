@@ -63,8 +63,51 @@ func pairWith(t testing.TB, pv *Provider, cp, sp *verbs.ConnParams) (client, ser
 	return client, server
 }
 
+// reg registers buf in pd. Test buffers are Go heap memory: the pure-Go
+// provider pins nothing, so that is fine here (the transport registers
+// memory it owns outside the heap, see package mrcache).
+func reg(t testing.TB, pd *verbs.ProtectionDomain, buf []byte, access verbs.Access) *verbs.MemoryRegion {
+	t.Helper()
+	mr, err := pd.RegisterMemory(buf, access)
+	if err != nil {
+		t.Fatalf("register %d bytes: %v", len(buf), err)
+	}
+	return mr
+}
+
+// gather registers each buffer in pd (local read access only, which every
+// region has) and returns a gather list of one SGE per buffer, in order.
+func gather(t testing.TB, pd *verbs.ProtectionDomain, bufs ...[]byte) []verbs.SGE {
+	t.Helper()
+	sgl := make([]verbs.SGE, len(bufs))
+	for i, b := range bufs {
+		sgl[i] = verbs.SGE{MR: reg(t, pd, b, 0), Length: uint32(len(b))}
+	}
+	return sgl
+}
+
+// recvWR registers buf with local write access in pd and returns a
+// receive work request for all of it. It reports errors instead of
+// failing the test, for use in ConnParams.Setup (another goroutine).
+func recvWR(pd *verbs.ProtectionDomain, wrid uint64, buf []byte) (verbs.RecvWR, error) {
+	mr, err := pd.RegisterMemory(buf, verbs.AccessLocalWrite)
+	if err != nil {
+		return verbs.RecvWR{}, err
+	}
+	return verbs.RecvWR{WRID: wrid, SGL: []verbs.SGE{{MR: mr, Length: uint32(len(buf))}}}, nil
+}
+
+// postRecv registers buf and posts it on qp as receive wrid.
+func postRecv(qp verbs.QueuePair, wrid uint64, buf []byte) error {
+	wr, err := recvWR(qp.PD(), wrid, buf)
+	if err != nil {
+		return err
+	}
+	return qp.PostRecv(wr)
+}
+
 // pollN polls exactly n completions from cq.
-func pollN(t testing.TB, cq *verbs.CompletionQueue, n int) []verbs.Completion {
+func pollN(t testing.TB, cq verbs.CompletionQueue, n int) []verbs.Completion {
 	t.Helper()
 	ctx := testCtx(t)
 	out := make([]verbs.Completion, 0, n)
@@ -79,7 +122,7 @@ func pollN(t testing.TB, cq *verbs.CompletionQueue, n int) []verbs.Completion {
 	return out
 }
 
-func pollOne(t testing.TB, cq *verbs.CompletionQueue) verbs.Completion {
+func pollOne(t testing.TB, cq verbs.CompletionQueue) verbs.Completion {
 	t.Helper()
 	return pollN(t, cq, 1)[0]
 }

@@ -14,8 +14,8 @@ import (
 func TestKickSilentPeer(t *testing.T) {
 	ctx := testCtx(t)
 	c, s := pair(t, nil, nil)
-	s.PostRecv(1, make([]byte, 8))
-	c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: [][]byte{[]byte("call")}})
+	postRecv(s, 1, make([]byte, 8))
+	c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: gather(t, c.PD(), []byte("call"))})
 	expect(t, pollOne(t, s.RecvCQ()), 1, verbs.StatusSuccess, verbs.OpRecv)
 	for c.kicks.Load() < 2 {
 		select {
@@ -24,8 +24,8 @@ func TestKickSilentPeer(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	c.PostRecv(2, make([]byte, 8))
-	s.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: [][]byte{[]byte("reply")}})
+	postRecv(c, 2, make([]byte, 8))
+	s.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: gather(t, s.PD(), []byte("reply"))})
 	expect(t, pollOne(t, c.RecvCQ()), 2, verbs.StatusSuccess, verbs.OpRecv)
 	if s.kicks.Load() != 0 || c.Err() != nil || s.Err() != nil {
 		t.Fatalf("passive side kicked %d; errors %v %v", s.kicks.Load(), c.Err(), s.Err())

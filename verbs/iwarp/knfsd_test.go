@@ -113,14 +113,19 @@ func TestKnfsdNullRPC(t *testing.T) {
 		t.Run(fmt.Sprintf("crc=%v", crc), func(t *testing.T) {
 			qp := knfsdDial(t, k, crc)
 			bufs := make([][]byte, 4)
+			wrs := make([]verbs.RecvWR, len(bufs))
 			for i := range bufs {
 				bufs[i] = make([]byte, 4096)
-				if err := qp.PostRecv(uint64(i), bufs[i]); err != nil {
+				var err error
+				if wrs[i], err = recvWR(qp.PD(), uint64(i), bufs[i]); err != nil {
+					t.Fatal(err)
+				}
+				if err := qp.PostRecv(wrs[i]); err != nil {
 					t.Fatal(err)
 				}
 			}
 			for i, xid := range []uint32{0x1234abcd, 0x1234abce} {
-				if err := qp.PostSend(verbs.SendWR{WRID: uint64(100 + i), Opcode: verbs.OpSend, SGL: [][]byte{nullCall(xid)}}); err != nil {
+				if err := qp.PostSend(verbs.SendWR{WRID: uint64(100 + i), Opcode: verbs.OpSend, SGL: gather(t, qp.PD(), nullCall(xid))}); err != nil {
 					t.Fatal(err)
 				}
 				expect(t, pollOne(t, qp.SendCQ()), uint64(100+i), verbs.StatusSuccess, verbs.OpSend)
@@ -143,7 +148,7 @@ func TestKnfsdNullRPC(t *testing.T) {
 					t.Fatalf("RPC reply %x", r[28:])
 				}
 				t.Logf("knfsd NULL reply: %d bytes, credits %d (kicks %d)", len(r), w(2), qp.kicks.Load())
-				qp.PostRecv(wc.WRID, bufs[wc.WRID])
+				qp.PostRecv(wrs[wc.WRID])
 			}
 			if err := qp.Err(); err != nil {
 				t.Fatal(err)
@@ -198,7 +203,7 @@ func TestKnfsdReplyChunkWrite(t *testing.T) {
 			}
 			defer qp.Close()
 			buf := make([]byte, 4096)
-			qp.PostRecv(1, buf)
+			postRecv(qp, 1, buf)
 			backing := make([]byte, 2048)
 			mr, err := qp.PD().RegisterMemory(backing[512:1536], verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
 			if err != nil {
@@ -208,7 +213,7 @@ func TestKnfsdReplyChunkWrite(t *testing.T) {
 			// Read list empty, Write list empty, Reply chunk with one
 			// segment: handle, length 1024, offset 0.
 			call := append(rdmaHeader(xid, 0, 0, 0, 1, 1, mr.STag(), 1024, 0, 0), rpcNull(xid)...)
-			qp.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: [][]byte{call}})
+			qp.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: gather(t, qp.PD(), call)})
 			expect(t, pollOne(t, qp.SendCQ()), 2, verbs.StatusSuccess, verbs.OpSend)
 			wc := pollOne(t, qp.RecvCQ())
 			if wc.Status != verbs.StatusSuccess {
@@ -258,7 +263,7 @@ func TestKnfsdPositionZeroReadChunk(t *testing.T) {
 		t.Run(fmt.Sprintf("crc=%v/pad=%d/seg=%d", tc.crc, tc.pad, tc.seg), func(t *testing.T) {
 			qp := knfsdDialSeg(t, k, tc.crc, tc.seg)
 			buf := make([]byte, 4096)
-			qp.PostRecv(1, buf)
+			postRecv(qp, 1, buf)
 			const xid = 0x61626364
 			body := append(rpcNull(xid), make([]byte, tc.pad)...)
 			mr, err := qp.PD().RegisterMemory(body, verbs.AccessRemoteRead)
@@ -268,7 +273,7 @@ func TestKnfsdPositionZeroReadChunk(t *testing.T) {
 			// Read list: one entry at position 0 (handle, length,
 			// offset), end of list; no Write list, no Reply chunk.
 			hdr := rdmaHeader(xid, 1, 1, 0, mr.STag(), uint32(len(body)), 0, 0, 0, 0, 0)
-			qp.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: [][]byte{hdr}})
+			qp.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: gather(t, qp.PD(), hdr)})
 			expect(t, pollOne(t, qp.SendCQ()), 2, verbs.StatusSuccess, verbs.OpSend)
 			wc := pollOne(t, qp.RecvCQ())
 			if wc.Status != verbs.StatusSuccess {

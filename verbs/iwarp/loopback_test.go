@@ -22,10 +22,13 @@ func TestSendRecvSizes(t *testing.T) {
 					}
 					msg := randBytes(n, uint64(i))
 					buf := make([]byte, n+7)
-					if err := s.PostRecv(uint64(100+i), buf); err != nil {
+					if err := postRecv(s, uint64(100+i), buf); err != nil {
 						t.Fatal(err)
 					}
-					if err := c.PostSend(verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpSend, SGL: [][]byte{msg[:n/3], nil, msg[n/3:]}}); err != nil {
+					// One region, three SGEs by offset; the middle one is empty.
+					mmr := reg(t, c.PD(), msg, 0)
+					sgl := []verbs.SGE{{MR: mmr, Length: uint32(n / 3)}, {MR: mmr, Offset: uint64(n / 3)}, {MR: mmr, Offset: uint64(n / 3), Length: uint32(n - n/3)}}
+					if err := c.PostSend(verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpSend, SGL: sgl}); err != nil {
 						t.Fatal(err)
 					}
 					expect(t, pollOne(t, c.SendCQ()), uint64(i), verbs.StatusSuccess, verbs.OpSend)
@@ -52,9 +55,9 @@ func TestSendWithInvalidate(t *testing.T) {
 		t.Fatalf("live remote regions %d", n)
 	}
 	buf := make([]byte, 64)
-	s.PostRecv(7, buf)
+	postRecv(s, 7, buf)
 	for _, solicited := range []bool{false} {
-		c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSendWithInvalidate, InvalidateSTag: mr.STag(), Solicited: solicited, SGL: [][]byte{[]byte("reply")}})
+		c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSendWithInvalidate, InvalidateSTag: mr.STag(), Solicited: solicited, SGL: gather(t, c.PD(), []byte("reply"))})
 	}
 	expect(t, pollOne(t, c.SendCQ()), 1, verbs.StatusSuccess, verbs.OpSendWithInvalidate)
 	rc := pollOne(t, s.RecvCQ())
@@ -75,8 +78,8 @@ func TestSendWithInvalidate(t *testing.T) {
 		t.Fatalf("old STag resolves: %v", err)
 	}
 	// Solicited variant (opcode 6).
-	s.PostRecv(8, buf)
-	c.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSendWithInvalidate, InvalidateSTag: nw, Solicited: true, SGL: [][]byte{[]byte("x")}})
+	postRecv(s, 8, buf)
+	c.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSendWithInvalidate, InvalidateSTag: nw, Solicited: true, SGL: gather(t, c.PD(), []byte("x"))})
 	expect(t, pollOne(t, c.SendCQ()), 2, verbs.StatusSuccess, verbs.OpSendWithInvalidate)
 	rc = pollOne(t, s.RecvCQ())
 	if rc.InvalidatedSTag != nw || rc.Opcode != verbs.OpRecvWithInvalidate || s.PD().LiveRemoteRegions() != 0 {
@@ -100,7 +103,7 @@ func TestRDMAWriteRead(t *testing.T) {
 					t.Fatal(err)
 				}
 				data := randBytes(n, uint64(i+1))
-				if err := c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpRDMAWrite, SGL: [][]byte{data}, RemoteSTag: rmr.STag(), RemoteOffset: off}); err != nil {
+				if err := c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpRDMAWrite, SGL: gather(t, c.PD(), data), RemoteSTag: rmr.STag(), RemoteOffset: off}); err != nil {
 					t.Fatal(err)
 				}
 				expect(t, pollOne(t, c.SendCQ()), 1, verbs.StatusSuccess, verbs.OpRDMAWrite)
@@ -111,7 +114,7 @@ func TestRDMAWriteRead(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := c.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpRDMARead, LocalMR: smr, LocalOffset: 2, Length: uint32(n), RemoteSTag: rmr.STag(), RemoteOffset: off}); err != nil {
+				if err := c.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpRDMARead, SGL: []verbs.SGE{{MR: smr, Offset: 2, Length: uint32(n)}}, Length: uint32(n), RemoteSTag: rmr.STag(), RemoteOffset: off}); err != nil {
 					t.Fatal(err)
 				}
 				rc := pollOne(t, c.SendCQ())
@@ -121,7 +124,7 @@ func TestRDMAWriteRead(t *testing.T) {
 				}
 				// A Send orders after the Write at the server, and its
 				// receive completion publishes the placed bytes.
-				s.PostRecv(3, nil)
+				postRecv(s, 3, nil)
 				c.PostSend(verbs.SendWR{WRID: 3, Opcode: verbs.OpSend})
 				expect(t, pollOne(t, c.SendCQ()), 3, verbs.StatusSuccess, verbs.OpSend)
 				expect(t, pollOne(t, s.RecvCQ()), 3, verbs.StatusSuccess, verbs.OpRecv)
@@ -161,7 +164,7 @@ func TestManyOutstanding(t *testing.T) {
 		for i := range n {
 			b := make([]byte, size)
 			sd.recv = append(sd.recv, b)
-			qp.PostRecv(uint64(i), b)
+			postRecv(qp, uint64(i), b)
 		}
 		return sd
 	}
@@ -169,16 +172,16 @@ func TestManyOutstanding(t *testing.T) {
 	for _, p := range [][2]*side{{a, b}, {b, a}} {
 		me, peer := p[0], p[1]
 		for i := range n {
-			chunk := me.src[i*size : (i+1)*size]
-			me.qp.PostSend(verbs.SendWR{WRID: uint64(3 * i), Opcode: verbs.OpSend, SGL: [][]byte{chunk}})
-			me.qp.PostSend(verbs.SendWR{WRID: uint64(3*i + 1), Opcode: verbs.OpRDMAWrite, SGL: [][]byte{chunk}, RemoteSTag: peer.wsinkMR.STag(), RemoteOffset: uint64(i * size)})
-			me.qp.PostSend(verbs.SendWR{WRID: uint64(3*i + 2), Opcode: verbs.OpRDMARead, LocalMR: me.sinkMR, LocalOffset: uint64(i * size), Length: size, RemoteSTag: peer.srcMR.STag(), RemoteOffset: uint64(i * size)})
+			chunk := []verbs.SGE{{MR: me.srcMR, Offset: uint64(i * size), Length: size}}
+			me.qp.PostSend(verbs.SendWR{WRID: uint64(3 * i), Opcode: verbs.OpSend, SGL: chunk})
+			me.qp.PostSend(verbs.SendWR{WRID: uint64(3*i + 1), Opcode: verbs.OpRDMAWrite, SGL: chunk, RemoteSTag: peer.wsinkMR.STag(), RemoteOffset: uint64(i * size)})
+			me.qp.PostSend(verbs.SendWR{WRID: uint64(3*i + 2), Opcode: verbs.OpRDMARead, SGL: []verbs.SGE{{MR: me.sinkMR, Offset: uint64(i * size), Length: size}}, Length: size, RemoteSTag: peer.srcMR.STag(), RemoteOffset: uint64(i * size)})
 		}
 	}
 	// A final Send after the Writes: its receive completion at the peer
 	// follows the placement of every Write (RFC 5040 s5.5 ordering).
 	for _, sd := range []*side{a, b} {
-		sd.qp.PostRecv(n, make([]byte, 1))
+		postRecv(sd.qp, n, make([]byte, 1))
 	}
 	for _, sd := range []*side{a, b} {
 		sd.qp.PostSend(verbs.SendWR{WRID: 3 * n, Opcode: verbs.OpSend})
@@ -224,7 +227,7 @@ func TestORDLimit(t *testing.T) {
 	const reads = 10
 	part := len(src) / reads
 	for i := range reads {
-		c.PostSend(verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpRDMARead, LocalMR: kmr, LocalOffset: uint64(i * part), Length: uint32(part), RemoteSTag: smr.STag(), RemoteOffset: uint64(i * part)})
+		c.PostSend(verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpRDMARead, SGL: []verbs.SGE{{MR: kmr, Offset: uint64(i * part), Length: uint32(part)}}, Length: uint32(part), RemoteSTag: smr.STag(), RemoteOffset: uint64(i * part)})
 	}
 	for i, wc := range pollN(t, c.SendCQ(), reads) {
 		expect(t, wc, uint64(i), verbs.StatusSuccess, verbs.OpRDMARead)
@@ -241,7 +244,11 @@ func TestORDLimit(t *testing.T) {
 // termOf returns the TerminateError of a broken queue pair.
 func termOf(t *testing.T, qp *QP) *TerminateError {
 	t.Helper()
-	<-qp.Done()
+	select {
+	case <-qp.Done():
+	case <-testCtx(t).Done():
+		t.Fatalf("queue pair not terminated: %v", qp.Err())
+	}
 	var te *TerminateError
 	if !errors.As(qp.Err(), &te) || !errors.Is(qp.Err(), verbs.ErrTerminated) {
 		t.Fatalf("error %v, want a TerminateError", qp.Err())
@@ -289,8 +296,8 @@ func TestTaggedAccessViolations(t *testing.T) {
 			backing := make([]byte, 8192)
 			region := backing[:4096]
 			mr, _ := s.PD().RegisterMemory(region, tt.access)
-			s.PostRecv(1, make([]byte, 16))
-			c.PostRecv(2, make([]byte, 16))
+			postRecv(s, 1, make([]byte, 16))
+			postRecv(c, 2, make([]byte, 16))
 			stag, off := tt.prepare(mr)
 			data := make([]byte, 200)
 			for i := range data {
@@ -299,9 +306,9 @@ func TestTaggedAccessViolations(t *testing.T) {
 			wr := verbs.SendWR{WRID: 10, Opcode: tt.op, RemoteSTag: stag, RemoteOffset: off}
 			if tt.op == verbs.OpRDMARead {
 				sink, _ := c.PD().RegisterMemory(make([]byte, 200), verbs.AccessLocalWrite)
-				wr.LocalMR, wr.Length = sink, 200
+				wr.SGL, wr.Length = []verbs.SGE{{MR: sink, Length: 200}}, 200
 			} else {
-				wr.SGL = [][]byte{data}
+				wr.SGL = gather(t, c.PD(), data)
 			}
 			if err := c.PostSend(wr); err != nil {
 				t.Fatal(err)
@@ -330,7 +337,7 @@ func TestTaggedAccessViolations(t *testing.T) {
 			// Work requests on a broken queue pair complete as flushed.
 			c.PostSend(verbs.SendWR{WRID: 11, Opcode: verbs.OpSend})
 			expect(t, pollOne(t, c.SendCQ()), 11, verbs.StatusFlushed, verbs.OpSend)
-			s.PostRecv(3, make([]byte, 1))
+			postRecv(s, 3, make([]byte, 1))
 			expect(t, pollOne(t, s.RecvCQ()), 3, verbs.StatusFlushed, verbs.OpRecv)
 		})
 	}
@@ -340,7 +347,7 @@ func TestTaggedAccessViolations(t *testing.T) {
 // (RFC 5041 s7, untagged error code 2), not a silent drop.
 func TestReceiveNotReady(t *testing.T) {
 	c, s := pair(t, nil, nil)
-	c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: [][]byte{[]byte("hi")}})
+	c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: gather(t, c.PD(), []byte("hi"))})
 	expect(t, pollOne(t, c.SendCQ()), 1, verbs.StatusSuccess, verbs.OpSend)
 	rt := termOf(t, c)
 	if rt.Layer != LayerDDP || rt.EType != DDPEtypeUntaggedBuf || rt.Code != DDPCodeUNoBuffer {
@@ -355,8 +362,8 @@ func TestReceiveNotReady(t *testing.T) {
 // receive with LocalLengthErr and terminates (DDP untagged code 5).
 func TestMessageTooLong(t *testing.T) {
 	c, s := pair(t, nil, nil)
-	s.PostRecv(5, make([]byte, 10))
-	c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: [][]byte{make([]byte, 11)}})
+	postRecv(s, 5, make([]byte, 10))
+	c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: gather(t, c.PD(), make([]byte, 11))})
 	expect(t, pollOne(t, s.RecvCQ()), 5, verbs.StatusLocalLengthErr, verbs.OpRecv)
 	if rt := termOf(t, c); rt.Code != DDPCodeUTooLong || rt.EType != DDPEtypeUntaggedBuf {
 		t.Fatalf("terminate %v", &rt.Terminate)
@@ -380,12 +387,12 @@ func TestCRCMismatch(t *testing.T) {
 				return fc, nil
 			}}
 			c, s := pairWith(t, pv, &verbs.ConnParams{CRC: true}, nil)
-			s.PostRecv(1, make([]byte, 8192))
+			postRecv(s, 1, make([]byte, 8192))
 			fc.arm(at)
 			// The second Send pushes enough bytes for a receiver
 			// whose length field was corrupted upward.
-			c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: [][]byte{make([]byte, 5000)}})
-			c.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: [][]byte{make([]byte, 5000)}})
+			c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: gather(t, c.PD(), make([]byte, 5000))})
+			c.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: gather(t, c.PD(), make([]byte, 5000))})
 			expect(t, pollOne(t, s.RecvCQ()), 1, verbs.StatusFlushed, verbs.OpRecv)
 			st := termOf(t, s)
 			if !st.Sent || st.Layer != LayerLLP || st.Code != LLPCodeCRC {
@@ -405,19 +412,19 @@ func TestConnectionLossFlushes(t *testing.T) {
 	c, s := pair(t, &verbs.ConnParams{ORD: 2}, nil)
 	const recvs, sends = 8, 40
 	for i := range recvs {
-		c.PostRecv(uint64(i), make([]byte, 100))
+		postRecv(c, uint64(i), make([]byte, 100))
 	}
 	// Cut the server's socket under it while the client's work is
 	// in progress.
 	for i := range sends {
-		s.PostRecv(uint64(i), make([]byte, 256<<10))
+		postRecv(s, uint64(i), make([]byte, 256<<10))
 	}
 	src, _ := s.PD().RegisterMemory(make([]byte, 1<<20), verbs.AccessRemoteRead)
 	sink, _ := c.PD().RegisterMemory(make([]byte, 1<<20), verbs.AccessLocalWrite)
 	for i := range sends {
-		wr := verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpSend, SGL: [][]byte{make([]byte, 256<<10)}}
+		wr := verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpSend, SGL: gather(t, c.PD(), make([]byte, 256<<10))}
 		if i%4 == 0 {
-			wr = verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpRDMARead, LocalMR: sink, Length: 1 << 20, RemoteSTag: src.STag()}
+			wr = verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpRDMARead, SGL: []verbs.SGE{{MR: sink, Length: 1 << 20}}, Length: 1 << 20, RemoteSTag: src.STag()}
 		}
 		c.PostSend(wr)
 	}
@@ -438,40 +445,105 @@ func TestConnectionLossFlushes(t *testing.T) {
 	if !errors.Is(c.Err(), verbs.ErrConnectionLost) && !errors.Is(c.Err(), verbs.ErrTerminated) {
 		t.Fatalf("error %v", c.Err())
 	}
-	if c.SendCQ().Len() != 0 {
+	if c.scq.Len() != 0 {
 		t.Fatalf("extra completions")
 	}
 }
 
 func TestCloseFlushes(t *testing.T) {
 	c, _ := pair(t, nil, nil)
-	c.PostRecv(1, make([]byte, 4))
+	postRecv(c, 1, make([]byte, 4))
 	c.Close()
 	expect(t, pollOne(t, c.RecvCQ()), 1, verbs.StatusFlushed, verbs.OpRecv)
-	c.PostRecv(2, make([]byte, 4))
+	postRecv(c, 2, make([]byte, 4))
 	expect(t, pollOne(t, c.RecvCQ()), 2, verbs.StatusFlushed, verbs.OpRecv)
 	if !errors.Is(c.Err(), verbs.ErrClosed) {
 		t.Fatalf("err %v", c.Err())
 	}
 }
 
+// TestPostSendInvalid: malformed work requests and gather/scatter
+// elements that name no usable local memory are refused at post time
+// with ErrInvalidWR and leave the queue pair working.
 func TestPostSendInvalid(t *testing.T) {
-	c, _ := pair(t, nil, nil)
-	other := verbs.NewProtectionDomain()
-	mr, _ := other.RegisterMemory(make([]byte, 8), verbs.AccessLocalWrite)
-	own, _ := c.PD().RegisterMemory(make([]byte, 8), verbs.AccessLocalWrite)
-	readOnly, _ := c.PD().RegisterMemory(make([]byte, 8), verbs.AccessRemoteRead)
-	for _, wr := range []verbs.SendWR{
+	c, s := pair(t, nil, nil)
+	other := reg(t, verbs.NewProtectionDomain(), make([]byte, 8), verbs.AccessLocalWrite)
+	own := reg(t, c.PD(), make([]byte, 8), verbs.AccessLocalWrite)
+	readOnly := reg(t, c.PD(), make([]byte, 8), verbs.AccessRemoteRead)
+	dead := reg(t, c.PD(), make([]byte, 8), verbs.AccessLocalWrite)
+	if err := dead.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	fast, err := c.PD().AllocFastReg()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fast.FastRegister(own, 0, 8, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	sge := func(mr *verbs.MemoryRegion, off uint64, n uint32) []verbs.SGE {
+		return []verbs.SGE{{MR: mr, Offset: off, Length: n}}
+	}
+	tooMany := make([]verbs.SGE, verbs.MaxSGE+1)
+	for i := range tooMany {
+		tooMany[i] = verbs.SGE{MR: own, Offset: uint64(i % 8), Length: 1}
+	}
+	for i, wr := range []verbs.SendWR{
 		{Opcode: 0},
 		{Opcode: verbs.OpRecv},
-		{Opcode: verbs.OpRDMARead, Length: 1},
-		{Opcode: verbs.OpRDMARead, LocalMR: mr, Length: 1},
-		{Opcode: verbs.OpRDMARead, LocalMR: own, LocalOffset: 4, Length: 5},
-		{Opcode: verbs.OpRDMARead, LocalMR: readOnly, Length: 1},
+		{Opcode: verbs.OpRDMARead, Length: 1}, // no sink
+		{Opcode: verbs.OpRDMARead, SGL: sge(other, 0, 1), Length: 1},                          // sink of another PD
+		{Opcode: verbs.OpRDMARead, SGL: sge(own, 4, 5), Length: 5},                            // sink leaves its region
+		{Opcode: verbs.OpRDMARead, SGL: sge(readOnly, 0, 1), Length: 1},                       // sink without local write
+		{Opcode: verbs.OpRDMARead, SGL: sge(own, 0, 4), Length: 5},                            // sink shorter than the read
+		{Opcode: verbs.OpRDMARead, SGL: sge(own, 0, 5), Length: 4},                            // sink longer than the read
+		{Opcode: verbs.OpRDMARead, SGL: append(sge(own, 0, 1), sge(own, 1, 1)...), Length: 2}, // two sinks
+		{Opcode: verbs.OpRDMARead, SGL: sge(nil, 0, 1), Length: 1},                            // no region
+		{Opcode: verbs.OpRDMARead, SGL: sge(fast, 0, 1), Length: 1},                           // a fast-registration region has no local key
+		{Opcode: verbs.OpRDMARead, SGL: sge(dead, 0, 1), Length: 1},                           // deregistered sink
+		{Opcode: verbs.OpSend, SGL: tooMany},                                                  // more than MaxSGE
+		{Opcode: verbs.OpSend, SGL: sge(nil, 0, 1)},                                           // no region
+		{Opcode: verbs.OpSend, SGL: append(sge(own, 0, 8), sge(own, 4, 5)...)},                // second element leaves its region
+		{Opcode: verbs.OpSend, SGL: sge(own, 9, 0)},                                           // offset beyond the region
+		{Opcode: verbs.OpRDMAWrite, SGL: sge(dead, 0, 1)},                                     // deregistered
+		{Opcode: verbs.OpSendWithInvalidate, SGL: sge(fast, 0, 1)},                            // fast-registration region
 	} {
 		if err := c.PostSend(wr); !errors.Is(err, verbs.ErrInvalidWR) {
-			t.Errorf("%+v: %v", wr, err)
+			t.Errorf("send %d %+v: %v", i, wr, err)
 		}
+	}
+	for i, wr := range []verbs.RecvWR{
+		{WRID: 1}, // no buffer
+		{WRID: 2, SGL: append(sge(own, 0, 4), sge(own, 4, 4)...)}, // iWARP places a Send into one buffer
+		{WRID: 3, SGL: sge(readOnly, 0, 8)},                       // without local write
+		{WRID: 4, SGL: sge(own, 4, 5)},                            // leaves its region
+		{WRID: 5, SGL: sge(nil, 0, 1)},                            // no region
+		{WRID: 6, SGL: sge(fast, 0, 8)},                           // fast-registration region
+		{WRID: 7, SGL: sge(dead, 0, 8)},                           // deregistered
+	} {
+		if err := c.PostRecv(wr); !errors.Is(err, verbs.ErrInvalidWR) {
+			t.Errorf("receive %d %+v: %v", i, wr, err)
+		}
+	}
+	if c.scq.Len() != 0 || c.rcq.Len() != 0 || c.Err() != nil {
+		t.Fatalf("refused requests left completions (%d, %d) or broke the queue pair: %v", c.scq.Len(), c.rcq.Len(), c.Err())
+	}
+	// MaxSGE elements are fine; the message is their concatenation.
+	copy(own.Bytes(), "abcdefgh")
+	sgl := make([]verbs.SGE, verbs.MaxSGE)
+	for i := range sgl {
+		sgl[i] = verbs.SGE{MR: own, Offset: uint64(7 - i), Length: 1}
+	}
+	got := make([]byte, 8)
+	if err := postRecv(s, 1, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: sgl}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, pollOne(t, c.SendCQ()), 1, verbs.StatusSuccess, verbs.OpSend)
+	if rc := pollOne(t, s.RecvCQ()); rc.Status != verbs.StatusSuccess || rc.ByteLen != 8 || string(got) != "hgfedcba" {
+		t.Fatalf("receive %+v: %q", rc, got)
 	}
 }
 
@@ -482,12 +554,12 @@ func TestPostSendInvalid(t *testing.T) {
 func TestSetupPostsBeforeAccept(t *testing.T) {
 	for i := range 20 {
 		buf := make([]byte, 8)
-		sp := &verbs.ConnParams{Setup: func(qp verbs.QueuePair) error { return qp.PostRecv(7, buf) }}
+		sp := &verbs.ConnParams{Setup: func(qp verbs.QueuePair) error { return postRecv(qp, 7, buf) }}
 		cbuf := make([]byte, 8)
-		cp := &verbs.ConnParams{Setup: func(qp verbs.QueuePair) error { return qp.PostRecv(8, cbuf) }}
+		cp := &verbs.ConnParams{Setup: func(qp verbs.QueuePair) error { return postRecv(qp, 8, cbuf) }}
 		c, s := pair(t, cp, sp)
-		c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: [][]byte{[]byte("first")}})
-		s.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: [][]byte{[]byte("second")}})
+		c.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: gather(t, c.PD(), []byte("first"))})
+		s.PostSend(verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: gather(t, s.PD(), []byte("second"))})
 		expect(t, pollOne(t, s.RecvCQ()), 7, verbs.StatusSuccess, verbs.OpRecv)
 		expect(t, pollOne(t, c.RecvCQ()), 8, verbs.StatusSuccess, verbs.OpRecv)
 		if string(buf[:5]) != "first" || string(cbuf[:6]) != "second" {
@@ -498,7 +570,7 @@ func TestSetupPostsBeforeAccept(t *testing.T) {
 	}
 	ctx := testCtx(t)
 	ln, err := Listen("127.0.0.1:0", &verbs.ConnParams{Setup: func(qp verbs.QueuePair) error {
-		qp.PostRecv(9, make([]byte, 1))
+		postRecv(qp, 9, make([]byte, 1))
 		return errors.New("no resources")
 	}})
 	if err != nil {
@@ -513,9 +585,9 @@ func TestSetupPostsBeforeAccept(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ok.Close()
-	cq := verbs.NewCompletionQueue()
+	cq := verbs.NewSoftCQ()
 	_, err = Dial(ctx, ok.Addr().String(), &verbs.ConnParams{RecvCQ: cq, Setup: func(qp verbs.QueuePair) error {
-		qp.PostRecv(10, make([]byte, 1))
+		postRecv(qp, 10, make([]byte, 1))
 		return errors.New("changed my mind")
 	}})
 	if err == nil {

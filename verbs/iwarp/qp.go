@@ -24,15 +24,18 @@ const (
 	teardownWait = 5 * time.Second
 )
 
-// sqEntry is a posted send work request.
+// sqEntry is a posted send work request, its gather list resolved.
 type sqEntry struct {
 	wr      verbs.SendWR
+	pieces  [verbs.MaxSGE][]byte // the local memory of wr.SGL
+	npieces int
 	done    bool
 	status  verbs.Status
 	byteLen uint32
 }
 
-// recvEntry is a posted receive buffer.
+// recvEntry is a posted receive buffer (one SGE: iWARP places a Send
+// into one buffer).
 type recvEntry struct {
 	wrid uint64
 	buf  []byte
@@ -54,7 +57,7 @@ type QP struct {
 	br       *bufio.Reader
 	w        fpduWriter
 	pd       *verbs.ProtectionDomain
-	scq, rcq *verbs.CompletionQueue
+	scq, rcq *verbs.SoftCQ
 	crc      bool
 	ird, ord int
 	maxULPDU int
@@ -78,6 +81,10 @@ type QP struct {
 	irqCount  atomic.Int32
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+
+	// copied counts payload bytes placed by way of the buffered reader
+	// (a user-space copy) rather than read straight into place.
+	copied atomic.Uint64
 
 	// Instrumentation for tests.
 	maxReads    atomic.Int32 // most outbound reads in flight at once
@@ -110,10 +117,10 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 		q.pd = verbs.NewProtectionDomain()
 	}
 	if q.scq == nil {
-		q.scq = verbs.NewCompletionQueue()
+		q.scq = verbs.NewSoftCQ()
 	}
 	if q.rcq == nil {
-		q.rcq = verbs.NewCompletionQueue()
+		q.rcq = verbs.NewSoftCQ()
 	}
 	q.cond.L = &q.mu
 	q.w.conn, q.w.crc = conn, n.crc
@@ -139,24 +146,34 @@ func (q *QP) abort(err error) {
 	q.closeOnce.Do(func() {})
 }
 
-// PostSend implements verbs.QueuePair.
+// PostSend implements verbs.QueuePair. The gather list is resolved to the
+// registered memory it names now, as a NIC resolves lkeys when it
+// processes the request.
 func (q *QP) PostSend(wr verbs.SendWR) error {
+	e := sqEntry{wr: wr}
+	if len(wr.SGL) > verbs.MaxSGE {
+		return fmt.Errorf("iwarp: post %v with %d SGEs (max %d): %w", wr.Opcode, len(wr.SGL), verbs.MaxSGE, verbs.ErrInvalidWR)
+	}
 	switch wr.Opcode {
 	case verbs.OpSend, verbs.OpSendWithInvalidate, verbs.OpRDMAWrite:
-		var n uint64
-		for _, b := range wr.SGL {
-			n += uint64(len(b))
-		}
-		if n > 1<<32-1 {
+		if n := verbs.SGLLen(wr.SGL); n > 1<<32-1 {
 			return fmt.Errorf("iwarp: post %v of %d bytes: %w", wr.Opcode, n, verbs.ErrInvalidWR)
 		}
-	case verbs.OpRDMARead:
-		if wr.LocalMR == nil || wr.LocalMR.PD() != q.pd || wr.LocalMR.Access()&verbs.AccessLocalWrite == 0 {
-			return fmt.Errorf("iwarp: post RDMA Read: sink region missing, of another PD or without local write access: %w", verbs.ErrInvalidWR)
+		for i, sge := range wr.SGL {
+			b, err := localSGE(sge, 0)
+			if err != nil {
+				return fmt.Errorf("iwarp: post %v: SGE %d: %w: %w", wr.Opcode, i, verbs.ErrInvalidWR, err)
+			}
+			e.pieces[i] = b
 		}
-		if wr.LocalOffset > uint64(wr.LocalMR.Len()) || uint64(wr.Length) > uint64(wr.LocalMR.Len())-wr.LocalOffset {
-			return fmt.Errorf("iwarp: post RDMA Read of %d bytes at %d into %d-byte region: %w",
-				wr.Length, wr.LocalOffset, wr.LocalMR.Len(), verbs.ErrInvalidWR)
+		e.npieces = len(wr.SGL)
+	case verbs.OpRDMARead:
+		// RFC 5040 s4.4: a Read Request names one sink STag.
+		if len(wr.SGL) != 1 || wr.SGL[0].Length != wr.Length {
+			return fmt.Errorf("iwarp: post RDMA Read: the sink must be one SGE of the read's %d bytes: %w", wr.Length, verbs.ErrInvalidWR)
+		}
+		if _, err := localSGE(wr.SGL[0], verbs.AccessLocalWrite); err != nil || wr.SGL[0].MR.PD() != q.pd {
+			return fmt.Errorf("iwarp: post RDMA Read: sink region missing, of another PD or without local write access: %w: %v", verbs.ErrInvalidWR, err)
 		}
 		if q.ord == 0 {
 			return fmt.Errorf("iwarp: post RDMA Read: negotiated ORD is 0: %w", verbs.ErrInvalidWR)
@@ -167,24 +184,40 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.err != nil {
-		q.sq.push(sqEntry{wr: wr, done: true, status: verbs.StatusFlushed})
+		e.done, e.status = true, verbs.StatusFlushed
+		q.sq.push(e)
 		q.releaseLocked()
 		return nil
 	}
-	q.sq.push(sqEntry{wr: wr})
+	q.sq.push(e)
 	q.cond.Broadcast()
 	return nil
 }
 
+// localSGE resolves a local scatter/gather element.
+func localSGE(sge verbs.SGE, need verbs.Access) ([]byte, error) {
+	if sge.MR == nil {
+		return nil, fmt.Errorf("no memory region: %w", verbs.ErrInvalidSTag)
+	}
+	return sge.MR.Local(need, sge.Offset, sge.Length)
+}
+
 // PostRecv implements verbs.QueuePair.
-func (q *QP) PostRecv(wrid uint64, buf []byte) error {
+func (q *QP) PostRecv(wr verbs.RecvWR) error {
+	if len(wr.SGL) != 1 {
+		return fmt.Errorf("iwarp: post receive with %d SGEs (the provider places a Send into one): %w", len(wr.SGL), verbs.ErrInvalidWR)
+	}
+	buf, err := localSGE(wr.SGL[0], verbs.AccessLocalWrite)
+	if err != nil {
+		return fmt.Errorf("iwarp: post receive: %w: %w", verbs.ErrInvalidWR, err)
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.rxExited {
-		q.rcq.Push(verbs.Completion{WRID: wrid, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
+		q.rcq.Push(verbs.Completion{WRID: wr.WRID, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
 		return nil
 	}
-	q.rq.push(recvEntry{wrid: wrid, buf: buf})
+	q.rq.push(recvEntry{wrid: wr.WRID, buf: buf})
 	return nil
 }
 
@@ -270,11 +303,16 @@ func (q *QP) flushRecvLocked(st verbs.Status) {
 	q.releaseLocked()
 }
 
+// CopiedBytes returns how many received tagged payload bytes (RDMA Write
+// and Read Response data) went through the provider's buffered reader, a
+// user-space copy, instead of straight from the socket into place.
+func (q *QP) CopiedBytes() uint64 { return q.copied.Load() }
+
 // SendCQ implements verbs.QueuePair.
-func (q *QP) SendCQ() *verbs.CompletionQueue { return q.scq }
+func (q *QP) SendCQ() verbs.CompletionQueue { return q.scq }
 
 // RecvCQ implements verbs.QueuePair.
-func (q *QP) RecvCQ() *verbs.CompletionQueue { return q.rcq }
+func (q *QP) RecvCQ() verbs.CompletionQueue { return q.rcq }
 
 // PD implements verbs.QueuePair.
 func (q *QP) PD() *verbs.ProtectionDomain { return q.pd }

@@ -34,6 +34,43 @@ type rxState struct {
 	cur     recvEntry
 	curLen  uint32
 	seen    bool // an FPDU arrived (mirrors QP.rxSeen)
+
+	// direct: read straight from the socket, bypassing the buffered
+	// reader, because the peer sends large FPDUs (see place).
+	direct bool
+	small  int // small FPDUs in a row while direct
+	// more: the current FPDU is not the last segment of its message,
+	// so another FPDU follows; pre: how many bytes of that next FPDU's
+	// header were read with this one's trailer (into hdr).
+	more bool
+	pre  int
+	pf   [8 + prefetchLen]byte
+}
+
+// prefetchLen is how much of the next FPDU a direct reader takes with a
+// trailer: MPA length and a tagged DDP header, which every FPDU has at
+// least (RFC 5044 s4.1, RFC 5041 s4.2).
+const prefetchLen = 2 + taggedHdrLen
+
+// Placement of large payloads. A payload of at least directMin bytes is
+// read from the socket straight into its destination; the stream then
+// stays direct (headers read with exact-size reads, so no payload byte
+// lands in the buffered reader first) until smallLimit small FPDUs in a
+// row show the peer has gone back to small ones (Linux siw sends one
+// FPDU per TCP segment: for those the buffered reader is cheaper).
+const (
+	directMin  = 16 << 10
+	smallLimit = 8
+)
+
+// readFull reads len(b) bytes of headers or trailers.
+func (q *QP) readFull(rs *rxState, b []byte) error {
+	if rs.direct {
+		_, err := io.ReadFull(q.conn, b)
+		return err
+	}
+	_, err := io.ReadFull(q.br, b)
+	return err
 }
 
 // rxLoop reads FPDUs until the stream ends, then flushes what the
@@ -90,8 +127,13 @@ func taggedCode(err error) byte {
 // receive is the receive loop; it returns why the stream ended.
 func (q *QP) receive(rs *rxState) error {
 	for {
-		if _, err := io.ReadFull(q.br, rs.hdr[:4]); err != nil {
-			return err
+		have := rs.pre
+		rs.pre = 0
+		if have < 4 {
+			if err := q.readFull(rs, rs.hdr[:4]); err != nil {
+				return err
+			}
+			have = 4
 		}
 		if !rs.seen {
 			rs.seen = true
@@ -104,13 +146,16 @@ func (q *QP) receive(rs *rxState) error {
 			return &rxFault{t: Terminate{Layer: LayerDDP, EType: DDPEtypeCatastrophic, SegLenValid: true, SegLen: uint16(rs.ulen)},
 				cause: fmt.Errorf("%w: ULPDU of %d bytes is shorter than its %d-byte header", errDDP, rs.ulen, hl)}
 		}
-		if _, err := io.ReadFull(q.br, rs.hdr[4:2+hl]); err != nil {
-			return err
+		if have < 2+hl {
+			if err := q.readFull(rs, rs.hdr[have:2+hl]); err != nil {
+				return err
+			}
 		}
 		h, err := parseDDPHeader(rs.hdr[2 : 2+hl])
 		if err != nil {
 			return rs.fault(LayerDDP, DDPEtypeCatastrophic, 0, err)
 		}
+		rs.more = !h.last()
 		if q.crc {
 			rs.crc = crc32.Update(0, castagnoli, rs.hdr[:2+hl])
 		}
@@ -137,26 +182,80 @@ func (q *QP) receive(rs *rxState) error {
 }
 
 // readTrailer reads pad and CRC and checks the CRC (RFC 5044 s4.4).
+// A direct reader whose message goes on reads the start of the next FPDU
+// in the same system call, saving one per FPDU.
 func (q *QP) readTrailer(rs *rxState) error {
 	pad := -(2 + rs.ulen) & 3
-	if _, err := io.ReadFull(q.br, rs.tail[:pad+4]); err != nil {
+	prefetch := rs.direct && rs.more
+	if prefetch {
+		if err := q.readFull(rs, rs.pf[:pad+4+prefetchLen]); err != nil {
+			return err
+		}
+		copy(rs.tail[:pad+4], rs.pf[:pad+4])
+	} else if err := q.readFull(rs, rs.tail[:pad+4]); err != nil {
 		return err
 	}
-	if !q.crc {
-		return nil
+	if q.crc {
+		c := crc32.Update(rs.crc, castagnoli, rs.tail[:pad])
+		if got := binary.LittleEndian.Uint32(rs.tail[pad:]); got != c {
+			return rs.fault(LayerLLP, LLPEtypeMPA, LLPCodeCRC, fmt.Errorf("iwarp: MPA CRC %#08x, computed %#08x", got, c))
+		}
 	}
-	c := crc32.Update(rs.crc, castagnoli, rs.tail[:pad])
-	if got := binary.LittleEndian.Uint32(rs.tail[pad:]); got != c {
-		return rs.fault(LayerLLP, LLPEtypeMPA, LLPCodeCRC, fmt.Errorf("iwarp: MPA CRC %#08x, computed %#08x", got, c))
+	if prefetch {
+		rs.pre = copy(rs.hdr[:], rs.pf[pad+4:pad+4+prefetchLen])
 	}
 	return nil
 }
 
-// place reads n payload bytes straight into dst (no intermediate copy)
-// and folds them into the CRC.
+// place reads len(dst) payload bytes into dst and folds them into the
+// CRC. A large payload goes from the socket straight into dst; only what
+// the buffered reader already holds is copied (tagged data counted in
+// copied: the bulk data of the upper layer).
 func (q *QP) place(rs *rxState, dst []byte) error {
-	if _, err := io.ReadFull(q.br, dst); err != nil {
-		return err
+	return q.placeData(rs, dst, false)
+}
+
+// placeTagged is place for tagged data (RDMA Write, Read Response).
+func (q *QP) placeTagged(rs *rxState, dst []byte) error {
+	return q.placeData(rs, dst, true)
+}
+
+func (q *QP) placeData(rs *rxState, dst []byte, tagged bool) error {
+	switch {
+	case len(dst) >= directMin:
+		k := 0
+		if !rs.direct {
+			k = min(q.br.Buffered(), len(dst))
+			if _, err := io.ReadFull(q.br, dst[:k]); err != nil {
+				return err
+			}
+			if tagged {
+				q.copied.Add(uint64(k))
+			}
+			// Direct reads only once the buffered reader is empty,
+			// or the stream would be read out of order.
+			rs.direct = q.br.Buffered() == 0
+		}
+		rs.small = 0
+		if k < len(dst) {
+			if _, err := io.ReadFull(q.conn, dst[k:]); err != nil {
+				return err
+			}
+		}
+	case rs.direct:
+		if rs.small++; rs.small >= smallLimit {
+			rs.direct = false
+		}
+		if _, err := io.ReadFull(q.conn, dst); err != nil {
+			return err
+		}
+	default:
+		if _, err := io.ReadFull(q.br, dst); err != nil {
+			return err
+		}
+		if tagged {
+			q.copied.Add(uint64(len(dst)))
+		}
 	}
 	if q.crc {
 		rs.crc = crc32.Update(rs.crc, castagnoli, dst)
@@ -172,11 +271,15 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 		if n > 0 {
 			// RFC 5041 s5.3: STag, rights and bounds are checked
 			// for every tagged segment; nothing lands outside.
-			dst, err := q.pd.Resolve(h.stag, verbs.AccessRemoteWrite, h.to, uint64(n))
+			// The region stays busy until the payload is in: an
+			// invalidation waits, so nothing lands after it.
+			dst, mr, err := q.pd.Begin(h.stag, verbs.AccessRemoteWrite, h.to, uint64(n))
 			if err != nil {
 				return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("inbound RDMA Write: %w", err))
 			}
-			if err := q.place(rs, dst); err != nil {
+			err = q.placeTagged(rs, dst)
+			mr.End()
+			if err != nil {
 				return err
 			}
 		}
@@ -198,11 +301,13 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTBaseBounds, fmt.Errorf("iwarp: Read Response [%d,+%d) does not continue [%d,+%d) at %d", h.to, n, r.sinkTO, r.size, r.got))
 		}
 		if n > 0 {
-			dst, err := q.pd.Resolve(h.stag, verbs.AccessLocalWrite, h.to, uint64(n))
+			dst, mr, err := q.pd.Begin(h.stag, verbs.AccessLocalWrite, h.to, uint64(n))
 			if err != nil {
 				return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("inbound Read Response sink: %w", err))
 			}
-			if err := q.place(rs, dst); err != nil {
+			err = q.placeTagged(rs, dst)
+			mr.End()
+			if err != nil {
 				return err
 			}
 		}

@@ -29,20 +29,21 @@ func (q *QP) txLoop() {
 			return
 		}
 		seq := q.sqNextSeq
-		wr := q.sq.at(int(seq - q.sqHeadSeq)).wr
+		e := *q.sq.at(int(seq - q.sqHeadSeq))
+		wr := &e.wr
 		var sinkSTag uint32
 		if wr.Opcode == verbs.OpRDMARead {
 			q.reads++
 			if r := int32(q.reads); r > q.maxReads.Load() {
 				q.maxReads.Store(r)
 			}
-			sinkSTag = wr.LocalMR.STag()
-			q.orq.push(readCtx{seq: seq, sinkSTag: sinkSTag, sinkTO: wr.LocalOffset, size: wr.Length})
+			sinkSTag = wr.SGL[0].MR.STag()
+			q.orq.push(readCtx{seq: seq, sinkSTag: sinkSTag, sinkTO: wr.SGL[0].Offset, size: wr.Length})
 		}
 		q.sqNextSeq++
 		q.mu.Unlock()
 
-		n, err := q.transmit(&wr, sinkSTag)
+		n, err := q.transmit(&e, sinkSTag)
 		if err != nil {
 			if q.setErr(fmt.Errorf("iwarp: send %v: %w: %w", wr.Opcode, verbs.ErrConnectionLost, err)) {
 				_ = q.conn.Close()
@@ -87,21 +88,19 @@ func (c *sglCursor) take(dst [][]byte, n int) [][]byte {
 // transmit segments one work request into FPDUs (RFC 5041 s5: each DDP
 // segment fits one MPA ULPDU) and writes them. It returns the bytes sent.
 // sinkSTag is the local STag of an RDMA Read's sink.
-func (q *QP) transmit(wr *verbs.SendWR, sinkSTag uint32) (uint32, error) {
+func (q *QP) transmit(e *sqEntry, sinkSTag uint32) (uint32, error) {
+	wr := &e.wr
 	if wr.Opcode == verbs.OpRDMARead {
 		// RFC 5040 s4.4: untagged QN 1, one segment, 28-byte payload.
 		hl := putUntagged(q.txHdr[:], true, opReadReq, 0, qnReadReq, q.readMSN, 0)
 		q.readMSN++
-		rr := readRequest{sinkSTag: sinkSTag, sinkTO: wr.LocalOffset, size: wr.Length,
+		rr := readRequest{sinkSTag: sinkSTag, sinkTO: wr.SGL[0].Offset, size: wr.Length,
 			srcSTag: wr.RemoteSTag, srcTO: wr.RemoteOffset}
 		rr.put(q.txHdr[hl:])
 		return 0, q.w.write(q.txHdr[:hl+readReqLen])
 	}
-	total := 0
-	for _, b := range wr.SGL {
-		total += len(b)
-	}
-	cur := sglCursor{sgl: wr.SGL}
+	total := int(verbs.SGLLen(wr.SGL))
+	cur := sglCursor{sgl: e.pieces[:e.npieces]}
 	var op byte
 	var rsvd, msn uint32
 	tagged := wr.Opcode == verbs.OpRDMAWrite
@@ -180,7 +179,13 @@ func (q *QP) serveRead(rr readRequest) error {
 	// sends one with a dummy STag as ready-to-receive in peer-to-peer
 	// mode).
 	if rr.size > 0 {
-		src, err = q.pd.Resolve(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size))
+		var mr *verbs.MemoryRegion
+		// The region stays busy until the response is out: an
+		// invalidation waits for it, so nothing is read after it.
+		src, mr, err = q.pd.Begin(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size))
+		if err == nil {
+			defer mr.End()
+		}
 	}
 	if err != nil {
 		q.irqCount.Add(-1)

@@ -1,0 +1,525 @@
+// Package mrcache owns the memory that RPC-over-RDMA exposes to a peer:
+// a bounded slab allocated outside the Go heap (mmap) and registered once
+// per chunk, from which the transport's receive and send buffers, READ
+// destinations and write-back buffers are drawn, and a pool of
+// fast-registration regions that expose exactly the bytes of one call for
+// as long as the call is in flight (FRWR, as Linux xprtrdma's frwr_ops.c
+// does).
+//
+// Why outside the Go heap: registering memory pins its pages for the NIC.
+// If the Go runtime freed a registered heap slice and returned its pages
+// to the OS, the region would keep the old pages while the address got
+// new ones. The slab is mapped by the pool, registered while mapped, and
+// unmapped only after it is deregistered and no buffer of it is in use, so
+// that cannot happen; no Go heap slice is ever registered.
+//
+// Why per-call fast registration: the slab chunks themselves grant only
+// local access. A call that offers a chunk to the peer binds a
+// fast-registration region to exactly the bytes of its buffer under a
+// fresh key, and invalidates it before the reply is used or the call
+// returns for any other reason (RFC 8166 s8.1): the peer can never reach
+// bytes outside, or after, its call. Fast-registration regions are reused
+// from call to call, so registration costs nothing in the steady state:
+// Stats reports exposures and how many reused a region.
+//
+//	pool := mrcache.New(pd, 64<<20)
+//	buf, _ := pool.Get(1 << 20) // slab memory, or ErrNoMemory
+//	reg, _ := pool.Expose(buf[:4096], verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+//	// advertise reg.STag, reg.Offset, reg.Len in a Write chunk; after the reply:
+//	reg.Invalidate(ctx)
+//	pool.Put(buf)
+package mrcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// Sizes of the slab.
+const (
+	// MinBlock is the smallest allocation (order 0).
+	MinBlock = 4 << 10
+	// ChunkSize is what the pool maps and registers at a time, and the
+	// largest allocation.
+	ChunkSize = 4 << 20
+	// DefaultBytes is the budget when New is given none.
+	DefaultBytes = 64 << 20
+
+	maxOrder       = 10 // ChunkSize == MinBlock << maxOrder
+	blocksPerChunk = 1 << maxOrder
+	// The upper layer's long-lived buffers (Get) may use this share of
+	// the budget; the rest stays for buffers that live for one call
+	// (GetWait), so that calls in flight always finish.
+	upperShareNum, upperShareDen = 3, 4
+)
+
+// Errors.
+var (
+	// ErrNoMemory: the budget is used up (Get does not wait).
+	ErrNoMemory = errors.New("mrcache: registered memory budget exhausted")
+	// ErrNotRegistered: a buffer is not slab memory of this pool.
+	ErrNotRegistered = errors.New("mrcache: buffer is not registered memory of this pool")
+	// ErrClosed: the pool was closed.
+	ErrClosed = errors.New("mrcache: pool closed")
+)
+
+// Stats are the pool's counters.
+type Stats struct {
+	Chunks          int   // slab chunks mapped and registered now
+	BytesRegistered int64 // their bytes
+	BytesInUse      int64 // bytes of blocks handed out now
+	BudgetBytes     int64 // the most the pool maps
+	Allocs          uint64
+	AllocFailures   uint64 // Get found no memory (the caller fell back)
+	// Exposures counts fast registrations (one per buffer a call
+	// offered to the peer); ExposureReuses those that bound a region
+	// that already existed (reserved ahead, or idle after an earlier
+	// call) instead of allocating one while the call was in flight.
+	Exposures, ExposureReuses uint64
+	FastRegions               int // fast-registration regions in existence
+	LiveExposures             int // exposed now (calls in flight)
+}
+
+// ReuseRate returns ExposureReuses/Exposures (1 when nothing was exposed).
+func (s Stats) ReuseRate() float64 {
+	if s.Exposures == 0 {
+		return 1
+	}
+	return float64(s.ExposureReuses) / float64(s.Exposures)
+}
+
+// Pool is a protection domain's registered memory. It is safe for
+// concurrent use.
+type Pool struct {
+	pd        *verbs.ProtectionDomain
+	maxChunks int
+	upperMax  int64
+
+	mu      sync.Mutex
+	freed   chan struct{} // closed and replaced when memory is freed while waiters > 0
+	waiters int
+	chunks  []*chunk
+	// Per block (global index chunk*blocksPerChunk + block): the order
+	// of the free block starting there (-1: none), the order of the
+	// allocated block starting there (-1: none), whether Get allocated
+	// it, and free-list links.
+	freeOrder  []int8
+	allocOrder []int8
+	upper      []bool
+	next, prev []int32
+	heads      [maxOrder + 1]int32 // free lists, -1 terminated
+	inUse      int64
+	upperInUse int64
+	idleFR     []*Registration // fast-registration regions not bound now
+	stats      Stats
+	closed     bool
+}
+
+type chunk struct {
+	mem  []byte
+	base uintptr
+	mr   *verbs.MemoryRegion
+}
+
+// New returns a pool over pd that maps at most maxBytes (0 means
+// DefaultBytes; at least one chunk).
+func New(pd *verbs.ProtectionDomain, maxBytes int64) *Pool {
+	if maxBytes <= 0 {
+		maxBytes = DefaultBytes
+	}
+	n := max(1, int((maxBytes+ChunkSize-1)/ChunkSize))
+	p := &Pool{pd: pd, maxChunks: n, freed: make(chan struct{})}
+	p.upperMax = int64(n) * ChunkSize * upperShareNum / upperShareDen
+	for i := range p.heads {
+		p.heads[i] = -1
+	}
+	p.stats.BudgetBytes = int64(n) * ChunkSize
+	return p
+}
+
+func orderOf(n int) int {
+	blocks := (n + MinBlock - 1) / MinBlock
+	return bits.Len(uint(blocks - 1))
+}
+
+// Get returns n bytes of registered memory for a long-lived buffer of the
+// upper layer (a READ destination, a write-back buffer). It never waits:
+// when the upper layer's share of the budget is used up it returns
+// ErrNoMemory, and the caller uses ordinary memory (the transport then
+// copies it through a buffer of its own).
+func (p *Pool) Get(n int) ([]byte, error) {
+	return p.get(n, true)
+}
+
+// GetWait returns n bytes of registered memory for a buffer that lives for
+// one call (or for a connection), waiting for memory to be freed if the
+// budget is used up.
+func (p *Pool) GetWait(ctx context.Context, n int) ([]byte, error) {
+	for {
+		b, err := p.get(n, false)
+		if !errors.Is(err, ErrNoMemory) {
+			return b, err
+		}
+		p.mu.Lock()
+		p.waiters++
+		freed := p.freed
+		p.mu.Unlock()
+		// Memory freed between get and here closed an earlier channel;
+		// try once more before waiting on this one.
+		if b, err := p.get(n, false); !errors.Is(err, ErrNoMemory) {
+			p.unwait()
+			return b, err
+		}
+		select {
+		case <-freed:
+			p.unwait()
+		case <-ctx.Done():
+			p.unwait()
+			return nil, fmt.Errorf("mrcache: wait for %d bytes of registered memory: %w", n, ctx.Err())
+		}
+	}
+}
+
+func (p *Pool) unwait() {
+	p.mu.Lock()
+	p.waiters--
+	p.mu.Unlock()
+}
+
+// wakeLocked tells GetWait callers that memory was freed.
+func (p *Pool) wakeLocked() {
+	if p.waiters > 0 {
+		close(p.freed)
+		p.freed = make(chan struct{})
+	}
+}
+
+func (p *Pool) get(n int, upper bool) ([]byte, error) {
+	if n <= 0 || n > ChunkSize {
+		return nil, fmt.Errorf("mrcache: allocate %d bytes (1..%d): %w", n, ChunkSize, verbs.ErrInvalidWR)
+	}
+	order := orderOf(n)
+	size := int64(MinBlock) << order
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	if upper && p.upperInUse+size > p.upperMax {
+		p.stats.AllocFailures++
+		return nil, ErrNoMemory
+	}
+	k := order
+	for k <= maxOrder && p.heads[k] < 0 {
+		k++
+	}
+	if k > maxOrder {
+		if len(p.chunks) >= p.maxChunks {
+			if upper {
+				p.stats.AllocFailures++
+			}
+			return nil, ErrNoMemory
+		}
+		if err := p.growLocked(); err != nil {
+			return nil, err
+		}
+		k = maxOrder
+	}
+	g := p.heads[k]
+	p.unlinkLocked(g)
+	for k > order {
+		k--
+		p.pushLocked(g+1<<k, k) // the upper half stays free
+	}
+	p.allocOrder[g] = int8(order)
+	p.upper[g] = upper
+	p.inUse += size
+	if upper {
+		p.upperInUse += size
+	}
+	p.stats.Allocs++
+	c := p.chunks[g/blocksPerChunk]
+	off := int(g%blocksPerChunk) * MinBlock
+	return c.mem[off : off+n : off+n], nil
+}
+
+// growLocked maps and registers one more chunk.
+func (p *Pool) growLocked() error {
+	mem, err := syscall.Mmap(-1, 0, ChunkSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("mrcache: map a %d-byte slab chunk: %w", ChunkSize, err)
+	}
+	// RFC 8166 s8.1: the chunk itself grants local access only; peers
+	// reach it through per-call fast registrations.
+	mr, err := p.pd.RegisterMemory(mem, verbs.AccessLocalWrite)
+	if err != nil {
+		_ = syscall.Munmap(mem)
+		return fmt.Errorf("mrcache: register a slab chunk: %w", err)
+	}
+	c := &chunk{mem: mem, base: uintptr(unsafe.Pointer(unsafe.SliceData(mem))), mr: mr}
+	first := int32(len(p.chunks) * blocksPerChunk)
+	p.chunks = append(p.chunks, c)
+	for range blocksPerChunk {
+		p.freeOrder = append(p.freeOrder, -1)
+		p.allocOrder = append(p.allocOrder, -1)
+		p.upper = append(p.upper, false)
+		p.next = append(p.next, -1)
+		p.prev = append(p.prev, -1)
+	}
+	p.pushLocked(first, maxOrder)
+	p.stats.Chunks++
+	p.stats.BytesRegistered += ChunkSize
+	return nil
+}
+
+func (p *Pool) pushLocked(g int32, order int) {
+	p.freeOrder[g] = int8(order)
+	p.prev[g] = -1
+	p.next[g] = p.heads[order]
+	if h := p.heads[order]; h >= 0 {
+		p.prev[h] = g
+	}
+	p.heads[order] = g
+}
+
+func (p *Pool) unlinkLocked(g int32) {
+	order := p.freeOrder[g]
+	if p.prev[g] >= 0 {
+		p.next[p.prev[g]] = p.next[g]
+	} else {
+		p.heads[order] = p.next[g]
+	}
+	if p.next[g] >= 0 {
+		p.prev[p.next[g]] = p.prev[g]
+	}
+	p.freeOrder[g] = -1
+}
+
+// locateLocked finds the chunk of b and b's offset in it.
+func (p *Pool) locateLocked(b []byte) (ci int, off uint64, ok bool) {
+	if len(b) == 0 {
+		return 0, 0, false
+	}
+	addr := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	for i, c := range p.chunks {
+		if addr >= c.base && addr+uintptr(len(b)) <= c.base+ChunkSize {
+			return i, uint64(addr - c.base), true
+		}
+	}
+	return 0, 0, false
+}
+
+// Put returns a buffer that Get or GetWait returned (or a slice of it that
+// starts where it starts).
+func (p *Pool) Put(b []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ci, off, ok := p.locateLocked(b)
+	if !ok || off%MinBlock != 0 {
+		return fmt.Errorf("mrcache: put: %w", ErrNotRegistered)
+	}
+	g := int32(ci*blocksPerChunk) + int32(off/MinBlock)
+	order := int(p.allocOrder[g])
+	if order < 0 {
+		return fmt.Errorf("mrcache: put of a block that is not allocated: %w", ErrNotRegistered)
+	}
+	size := int64(MinBlock) << order
+	p.allocOrder[g] = -1
+	p.inUse -= size
+	if p.upper[g] {
+		p.upperInUse -= size
+		p.upper[g] = false
+	}
+	// Buddy coalescing: a free buddy of the same order merges.
+	base := int32(ci * blocksPerChunk)
+	for order < maxOrder {
+		buddy := base + (g - base) ^ (1 << order)
+		if p.freeOrder[buddy] != int8(order) {
+			break
+		}
+		p.unlinkLocked(buddy)
+		g = min(g, buddy)
+		order++
+	}
+	p.pushLocked(g, order)
+	p.wakeLocked()
+	p.maybeUnmapLocked()
+	return nil
+}
+
+// Locate returns the registered region and offset of b if b lies in the
+// slab: a local scatter/gather element for a work request.
+func (p *Pool) Locate(b []byte) (verbs.SGE, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ci, off, ok := p.locateLocked(b)
+	if !ok || p.closed {
+		return verbs.SGE{}, false
+	}
+	return verbs.SGE{MR: p.chunks[ci].mr, Offset: off, Length: uint32(len(b))}, true
+}
+
+// Contains reports whether b is slab memory of this pool.
+func (p *Pool) Contains(b []byte) bool {
+	_, ok := p.Locate(b)
+	return ok
+}
+
+// Registration is one exposure of slab memory to the peer: the STag,
+// offset and length to advertise in a chunk segment. It must be ended
+// with Invalidate.
+//
+// A Registration is reused by later exposures once invalidated: the
+// caller drops it after Invalidate.
+type Registration struct {
+	pool   *Pool
+	mr     *verbs.MemoryRegion
+	live   bool
+	STag   uint32
+	Offset uint64 // the advertised offset of the first byte (the window starts at 0)
+	Len    int
+}
+
+// Expose binds a fast-registration region to exactly b, which must be
+// slab memory, with the given access, under a new key (RFC 8166 s8.1).
+func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
+	p.mu.Lock()
+	ci, off, ok := p.locateLocked(b)
+	if !ok || p.closed {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", len(b), ErrNotRegistered)
+	}
+	target := p.chunks[ci].mr
+	var r *Registration
+	if k := len(p.idleFR); k > 0 {
+		r, p.idleFR = p.idleFR[k-1], p.idleFR[:k-1]
+	}
+	p.mu.Unlock()
+	reused := r != nil
+	if !reused {
+		mr, err := p.pd.AllocFastReg()
+		if err != nil {
+			return nil, fmt.Errorf("mrcache: expose: %w", err)
+		}
+		r = &Registration{pool: p, mr: mr}
+	}
+	stag, err := r.mr.FastRegister(target, off, len(b), access)
+	if err != nil {
+		_ = r.mr.Deregister()
+		if reused {
+			p.mu.Lock()
+			p.stats.FastRegions--
+			p.mu.Unlock()
+		}
+		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", len(b), err)
+	}
+	p.mu.Lock()
+	p.stats.Exposures++
+	if reused {
+		p.stats.ExposureReuses++
+	} else {
+		p.stats.FastRegions++
+	}
+	p.stats.LiveExposures++
+	p.mu.Unlock()
+	r.STag, r.Offset, r.Len, r.live = stag, 0, len(b), true
+	return r, nil
+}
+
+// ReserveFastRegions allocates fast-registration regions ahead of use, as
+// xprtrdma creates its MRs when it connects, so calls bind and invalidate
+// regions that already exist instead of allocating one while in flight.
+func (p *Pool) ReserveFastRegions(n int) error {
+	for range n {
+		mr, err := p.pd.AllocFastReg()
+		if err != nil {
+			return fmt.Errorf("mrcache: reserve fast-registration regions: %w", err)
+		}
+		p.mu.Lock()
+		p.idleFR = append(p.idleFR, &Registration{pool: p, mr: mr})
+		p.stats.FastRegions++
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// MR returns the fast-registration region (for an RDMA Read sink).
+func (r *Registration) MR() *verbs.MemoryRegion { return r.mr }
+
+// Invalidate ends the exposure: the STag stops working (it may already
+// have been invalidated remotely by Send With Invalidate) and Invalidate
+// waits until a placement already in progress has ended. If ctx ends
+// first, the STag is dead but a placement is still running: the error
+// says so, the registration stays in use, and the caller must close the
+// connection and call Invalidate again before reusing the memory.
+func (r *Registration) Invalidate(ctx context.Context) error {
+	if r == nil || !r.live {
+		return nil
+	}
+	if err := r.mr.InvalidateContext(ctx); err != nil {
+		return fmt.Errorf("mrcache: invalidate STag %#08x: %w", r.STag, err)
+	}
+	r.live = false
+	p := r.pool
+	p.mu.Lock()
+	p.stats.LiveExposures--
+	if p.closed {
+		p.stats.FastRegions--
+		p.mu.Unlock()
+		_ = r.mr.Deregister()
+	} else {
+		p.idleFR = append(p.idleFR, r)
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// Stats returns the pool's counters.
+func (p *Pool) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats
+	s.BytesInUse = p.inUse
+	return s
+}
+
+// Close deregisters the idle fast-registration regions and the slab.
+// Chunks are unmapped once every buffer is back (Put); exposures still
+// live are deregistered when they are invalidated.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed = true
+	for _, r := range p.idleFR {
+		_ = r.mr.Deregister()
+		p.stats.FastRegions--
+	}
+	p.idleFR = nil
+	close(p.freed) // waiters see ErrClosed
+	p.freed = make(chan struct{})
+	p.maybeUnmapLocked()
+}
+
+// maybeUnmapLocked releases the slab after Close once nothing is in use.
+func (p *Pool) maybeUnmapLocked() {
+	if !p.closed || p.inUse != 0 {
+		return
+	}
+	for _, c := range p.chunks {
+		_ = c.mr.Deregister()
+		_ = syscall.Munmap(c.mem)
+		p.stats.Chunks--
+		p.stats.BytesRegistered -= ChunkSize
+	}
+	p.chunks = nil
+}

@@ -1,0 +1,262 @@
+package mrcache
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+func TestGetPutCoalesce(t *testing.T) {
+	pd := verbs.NewProtectionDomain()
+	p := New(pd, ChunkSize)
+	var bufs [][]byte
+	// Fill the chunk with 4 KiB blocks, then free them all: the buddies
+	// coalesce back into one chunk-sized block.
+	for range blocksPerChunk * upperShareNum / upperShareDen {
+		b, err := p.Get(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) != 1 || cap(b) != 1 {
+			t.Fatalf("Get(1) returned len %d cap %d", len(b), cap(b))
+		}
+		bufs = append(bufs, b)
+	}
+	if _, err := p.Get(1); !errors.Is(err, ErrNoMemory) {
+		t.Fatalf("Get past the upper share: %v", err)
+	}
+	// The rest of the budget is there for call buffers.
+	cb, err := p.GetWait(context.Background(), MinBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufs = append(bufs, cb)
+	for _, b := range bufs {
+		if err := p.Put(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := p.Stats(); s.BytesInUse != 0 || s.Chunks != 1 {
+		t.Fatalf("after freeing everything: %+v", s)
+	}
+	big, err := p.GetWait(context.Background(), ChunkSize)
+	if err != nil {
+		t.Fatalf("whole chunk after coalescing: %v", err)
+	}
+	if err := p.Put(big); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPutRejectsForeignMemory(t *testing.T) {
+	p := New(verbs.NewProtectionDomain(), 0)
+	b, err := p.Get(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Put(make([]byte, 10)); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("Put of heap memory: %v", err)
+	}
+	if err := p.Put(b[4096:]); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("Put of the middle of a block: %v", err)
+	}
+	if err := p.Put(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Put(b); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("double Put: %v", err)
+	}
+	if _, err := p.Get(ChunkSize + 1); err == nil {
+		t.Fatal("Get larger than a chunk succeeded")
+	}
+}
+
+func TestGetWaitBlocksUntilPut(t *testing.T) {
+	p := New(verbs.NewProtectionDomain(), ChunkSize)
+	all, err := p.GetWait(context.Background(), ChunkSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if _, err := p.GetWait(short, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("GetWait with the budget used up: %v", err)
+	}
+	got := make(chan error)
+	go func() {
+		b, err := p.GetWait(context.Background(), 1)
+		if err == nil {
+			err = p.Put(b)
+		}
+		got <- err
+	}()
+	if err := p.Put(all); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExposeExactly: an exposure grants the peer exactly the bytes of its
+// buffer (RFC 8166 s8.1), nothing around them, and nothing after it is
+// invalidated; the slab chunk itself grants no remote access.
+func TestExposeExactly(t *testing.T) {
+	pd := verbs.NewProtectionDomain()
+	p := New(pd, 0)
+	buf, err := p.Get(64 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	win := buf[4096 : 4096+1000]
+	reg, err := p.Expose(win, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reg.Len != 1000 || reg.Offset != 0 {
+		t.Fatalf("registration %+v", reg)
+	}
+	got, err := pd.Resolve(reg.STag, verbs.AccessRemoteWrite, 0, 1000)
+	if err != nil || &got[0] != &win[0] {
+		t.Fatalf("the window: %v (same memory: %v)", err, err == nil && &got[0] == &win[0])
+	}
+	for _, tc := range []struct{ off, n uint64 }{{0, 1001}, {1000, 1}, {999, 2}} {
+		if _, err := pd.Resolve(reg.STag, verbs.AccessRemoteWrite, tc.off, tc.n); !errors.Is(err, verbs.ErrBounds) {
+			t.Errorf("[%d,+%d) of a 1000-byte exposure: %v", tc.off, tc.n, err)
+		}
+	}
+	if _, err := pd.Resolve(reg.STag, verbs.AccessRemoteRead, 0, 1); !errors.Is(err, verbs.ErrAccess) {
+		t.Errorf("read access to a write-only exposure: %v", err)
+	}
+	if pd.LiveRemoteRegions() != 1 {
+		t.Fatalf("%d regions with remote access, want 1 (the slab chunk grants none)", pd.LiveRemoteRegions())
+	}
+	stag := reg.STag
+	if err := reg.Invalidate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.Resolve(stag, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+		t.Fatalf("STag after invalidation: %v", err)
+	}
+	// The next exposure reuses the region under a new key: the old STag
+	// stays dead.
+	reg2, err := p.Expose(buf[:10], verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reg2.STag == stag || reg2.STag>>8 != stag>>8 {
+		t.Fatalf("reused region: STag %#x after %#x", reg2.STag, stag)
+	}
+	if _, err := pd.Resolve(stag, verbs.AccessRemoteRead, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+		t.Fatalf("old STag after reuse: %v", err)
+	}
+	if s := p.Stats(); s.Exposures != 2 || s.ExposureReuses != 1 || s.FastRegions != 1 || s.LiveExposures != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	reg2.Invalidate(context.Background())
+	if _, err := p.Expose(make([]byte, 10), verbs.AccessRemoteRead); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("exposing heap memory: %v", err)
+	}
+}
+
+// TestInvalidateWaitsForPlacement: an invalidation does not return while
+// the provider is still placing data into the exposed bytes.
+func TestInvalidateWaitsForPlacement(t *testing.T) {
+	pd := verbs.NewProtectionDomain()
+	p := New(pd, 0)
+	buf, _ := p.Get(4096)
+	reg, err := p.Expose(buf, verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, mr, err := pd.Begin(reg.STag, verbs.AccessRemoteWrite, 0, 4096) // a placement starts
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := reg.Invalidate(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("invalidate during a placement: %v", err)
+	}
+	if _, _, err := pd.Begin(reg.STag, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+		t.Fatalf("a new placement after the invalidation started: %v", err)
+	}
+	mr.End() // the placement ends (as when the queue pair is closed)
+	if err := reg.Invalidate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkFuseReadPath replays what the FUSE read path does with the
+// pool: a READ buffer of varying size is taken from the slab, split into
+// rsize slices that are exposed concurrently (one call each), invalidated
+// and given back.
+func BenchmarkFuseReadPath(b *testing.B) {
+	pd := verbs.NewProtectionDomain()
+	p := New(pd, 0)
+	defer p.Close()
+	sizes := []int{4 << 10, 128 << 10, 1 << 20, 300 << 10}
+	const rsize = 124 << 10
+	var wg sync.WaitGroup
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		n := sizes[i%len(sizes)]
+		i++
+		buf, err := p.Get(n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for off := 0; off < n; off += rsize {
+			wg.Add(1)
+			go func(s []byte) {
+				defer wg.Done()
+				reg, err := p.Expose(s, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				reg.Invalidate(context.Background())
+			}(buf[off:min(n, off+rsize)])
+		}
+		wg.Wait()
+		p.Put(buf)
+	}
+	s := p.Stats()
+	b.ReportMetric(100*s.ReuseRate(), "%reuse")
+}
+
+// TestExposeAllocationFree: taking a buffer, exposing it, invalidating
+// the exposure and giving the buffer back allocates nothing once the
+// pool is warm (the per-call path of every RDMA READ and WRITE).
+func TestExposeAllocationFree(t *testing.T) {
+	p := New(verbs.NewProtectionDomain(), 0)
+	if err := p.ReserveFastRegions(1); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	run := func() {
+		b, err := p.Get(128 << 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg, err := p.Expose(b, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := reg.Invalidate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Put(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run() // maps the first chunk
+	if allocs := testing.AllocsPerRun(100, run); allocs != 0 {
+		t.Fatalf("%v allocations per Get+Expose+Invalidate+Put", allocs)
+	}
+}
