@@ -47,6 +47,8 @@ type callbackServer struct {
 	slots     []cbSlot
 	delegs    map[StateID][]byte // delegation stateid -> file handle
 	recalls   int
+
+	locks lockWaiters // blocked LOCKs, woken by CB_NOTIFY_LOCK
 }
 
 // cbSlot is the back channel replay cache of one slot (RFC 8881 s2.10.6).
@@ -177,8 +179,17 @@ func (s *callbackServer) compound(args []byte) ([]byte, error) {
 			}
 			s.recallAll()
 			r.add(op, StatusOK)
+		case opCBNotifyLock:
+			// RFC 8881 s20.11: a lock this client waits for may be free.
+			fh, clientID, owner, err := decodeNotifyLock(d)
+			if err != nil {
+				r.add(op, ErrBadXDR)
+				break
+			}
+			s.locks.notify(fh, clientID, owner)
+			r.add(op, StatusOK)
 		case opCBGetAttr, opCBLayoutRecall, opCBNotify, opCBPushDeleg, opCBRecallableObj,
-			opCBRecallSlot, opCBWantsCancel, opCBNotifyLock, opCBNotifyDevID, opCBOffload:
+			opCBRecallSlot, opCBWantsCancel, opCBNotifyDevID, opCBOffload:
 			r.add(op, ErrNotSupp)
 		default:
 			r.add(opCBIllegal, ErrOpIllegal)

@@ -359,6 +359,7 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 		}
 		err = parse(&r)
 		rep.Release()
+		c.stats.copied.Add(uint64(r.copied))
 		c.traceCompound(cp, call, r.status, err, start)
 		c.stats.record(cp.ops, time.Since(start), call.Len(), err)
 		var oe *OpError

@@ -98,12 +98,14 @@ type results struct {
 	i      int
 	status Status
 	placed bool   // READ data was placed by the transport in dest
+	nplace int    // how many bytes it placed
 	dest   []byte // READ/READLINK destination
+	copied int    // READ data bytes copied from the reply into dest
 }
 
 func (r *results) init(c *compound, rep *oncrpc.Reply) error {
 	r.d.Reset(rep.Results)
-	r.ops, r.i, r.placed, r.dest = c.ops, 0, rep.BulkPlaced, c.dest
+	r.ops, r.i, r.placed, r.nplace, r.dest, r.copied = c.ops, 0, rep.BulkPlaced, rep.BulkLen, c.dest, 0
 	r.status = Status(r.d.Uint32())
 	r.d.Opaque(maxTagLen)
 	r.nres = r.d.Length(maxCompoundOps)
@@ -336,6 +338,11 @@ func (r *results) decodeRead() (n int, eof bool, err error) {
 		if n > len(r.dest) {
 			return 0, false, fmt.Errorf("%w: READ returned %d bytes for a %d-byte request", ErrProtocol, n, len(r.dest))
 		}
+		if n > r.nplace {
+			// RFC 8166 s3.4.6: only the bytes the responder wrote are
+			// data; the rest of dest holds whatever was there.
+			return 0, false, fmt.Errorf("%w: READ reports %d bytes, the server placed %d", ErrProtocol, n, r.nplace)
+		}
 		return n, eof, nil
 	}
 	data := r.d.Opaque(len(r.dest))
@@ -344,6 +351,7 @@ func (r *results) decodeRead() (n int, eof bool, err error) {
 	}
 	n = len(data)
 	copy(r.dest, data)
+	r.copied += n
 	return n, eof, nil
 }
 

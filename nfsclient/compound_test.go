@@ -99,6 +99,9 @@ func TestDecodeReadReply(t *testing.T) {
 		{"inline data", "00000003" + seqOK + "00000016 00000000" + "00000019 00000000 00000001 00000005 6162636465000000", false, 5, true, nil},
 		{"placed data", "00000003" + seqOK + "00000016 00000000" + "00000019 00000000 00000000 00000008", true, 8, false, nil},
 		{"placed too long", "00000003" + seqOK + "00000016 00000000" + "00000019 00000000 00000000 00002000", true, 0, false, ErrProtocol},
+		// RFC 8166 s3.4.6: the count says 9, the server wrote 8 bytes
+		// into the Write chunk: the ninth byte is not data.
+		{"count beyond placed", "00000003" + seqOK + "00000016 00000000" + "00000019 00000000 00000000 00000009", true, 0, false, ErrProtocol},
 		{"inline too long", "00000003" + seqOK + "00000016 00000000" + "00000019 00000000 00000000 00002000", false, 0, false, ErrProtocol},
 		{"truncated data", "00000003" + seqOK + "00000016 00000000" + "00000019 00000000 00000000 00000010 6162", false, 0, false, ErrProtocol},
 		{"wrong op", "00000003" + seqOK + "00000016 00000000" + "00000009 00000000", false, 0, false, ErrProtocol},
@@ -117,6 +120,9 @@ func TestDecodeReadReply(t *testing.T) {
 			}
 			rep := compoundReply(t, status, tt.reply)
 			rep.BulkPlaced = tt.placed
+			if tt.placed {
+				rep.BulkLen = 8 // the transport placed 8 bytes
+			}
 			var r results
 			err := r.init(&cp, rep)
 			var n int

@@ -23,6 +23,9 @@ const (
 	opGetAttr           = 9
 	opGetFH             = 10
 	opLink              = 11
+	opLock              = 12
+	opLockT             = 13
+	opLockU             = 14
 	opLookup            = 15
 	opLookupP           = 16
 	opOpen              = 18
@@ -51,6 +54,7 @@ const (
 var opNames = map[uint32]string{
 	opAccess: "ACCESS", opClose: "CLOSE", opCommit: "COMMIT", opCreate: "CREATE",
 	opDelegReturn: "DELEGRETURN", opGetAttr: "GETATTR", opGetFH: "GETFH", opLink: "LINK",
+	opLock: "LOCK", opLockT: "LOCKT", opLockU: "LOCKU",
 	opLookup: "LOOKUP", opLookupP: "LOOKUPP", opOpen: "OPEN", opPutFH: "PUTFH",
 	opPutRootFH: "PUTROOTFH", opRead: "READ", opReadDir: "READDIR", opReadLink: "READLINK",
 	opRemove: "REMOVE", opRename: "RENAME", opRestoreFH: "RESTOREFH", opSaveFH: "SAVEFH",

@@ -231,7 +231,7 @@ func TestFileWriteReadTruncate(t *testing.T) {
 			}
 			data := pattern(size, uint64(i))
 			w := c.NewUnstableWriter(rootCred, of, 4)
-			if err := w.WriteAt(ctx, bytes.Clone(data), 0); err != nil {
+			if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
 				t.Fatalf("write %s: %v", name, err)
 			}
 			if err := w.Commit(ctx); err != nil {
@@ -473,7 +473,7 @@ func TestReconnectDuringWrite(t *testing.T) {
 		}
 		data := pattern(10<<20, 99)
 		w := c.NewUnstableWriter(rootCred, of, 4)
-		if err := w.WriteAt(ctx, bytes.Clone(data), 0); err != nil {
+		if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
 			t.Fatalf("write: %v", err)
 		}
 		if err := w.Commit(ctx); err != nil {
@@ -538,7 +538,7 @@ func TestKnfsdRDMAChunks(t *testing.T) {
 	k := testpeer.RequireKnfsd(t)
 	var traceBuf lockedBuffer
 	tr := rpcrdma.NewTransport(k.RDMAAddr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true,
-		Tracer: trace.New(&traceBuf, trace.RDMA)})
+		InlineRecv: 1024, Tracer: trace.New(&traceBuf, trace.RDMA)})
 	c, err := Dial(testCtx(t), Config{Transport: tr, Export: "/"})
 	if err != nil {
 		t.Fatal(err)
@@ -563,7 +563,7 @@ func TestKnfsdRDMAChunks(t *testing.T) {
 func TestRelayV2Chunks(t *testing.T) {
 	addr := requireV2Relay(t)
 	tr := rpcrdma.NewTransport(addr, rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true,
-		Version: rpcrdma.Version2, XChars: true, Tracer: testTracer()})
+		InlineRecv: 1024, Version: rpcrdma.Version2, XChars: true, Tracer: testTracer()})
 	c, err := Dial(testCtx(t), Config{Transport: tr, Export: testpeer.RequireGanesha(t).Export})
 	if err != nil {
 		t.Fatal(err)
@@ -591,9 +591,18 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// WRITE and READ data in the transport's registered memory, as the
+	// FUSE layer keeps it: no user-space copy in the transport.
+	pool := tr.Buffers()
 	before := tr.Stats()
 	data := pattern(1<<20, 5)
-	if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, data[:c.WSize()], FileSync); err != nil {
+	src, err := pool.Get(c.WSize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Put(src)
+	copy(src, data)
+	if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, src, FileSync); err != nil {
 		t.Fatal(err)
 	}
 	live("WRITE")
@@ -601,7 +610,14 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	if st.ReadChunks != before.ReadChunks+1 {
 		t.Fatalf("WRITE of %d bytes used %d Read chunks", c.WSize(), st.ReadChunks-before.ReadChunks)
 	}
-	dest := make([]byte, c.WSize())
+	if st.BytesCopied != before.BytesCopied {
+		t.Fatalf("WRITE from registered memory: the transport copied %d bytes", st.BytesCopied-before.BytesCopied)
+	}
+	dest, err := pool.Get(c.WSize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Put(dest)
 	n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 0, dest)
 	if err != nil || n != len(dest) || !bytes.Equal(dest, data[:n]) {
 		t.Fatalf("READ: n=%d err=%v (data equal: %v)", n, err, bytes.Equal(dest[:n], data[:n]))
@@ -611,22 +627,29 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	if st2.WriteChunks != st.WriteChunks+1 || st2.BytesPlaced-st.BytesPlaced != uint64(n) {
 		t.Fatalf("READ: %d Write chunks, %d bytes placed", st2.WriteChunks-st.WriteChunks, st2.BytesPlaced-st.BytesPlaced)
 	}
-	// A READ of 1001 bytes: the Write chunk has no room for padding and
-	// knfsd writes exactly 1001 (RFC 8166 s3.4.6).
+	t.Logf("READ of %d bytes into registered memory: %d bytes copied on the way (provider's buffered reader; Linux siw sends one FPDU per TCP segment)",
+		n, st2.BytesCopied-st.BytesCopied)
+	// A READ of 1001 bytes with a Write chunk (the transports here
+	// announce 1024-byte receive buffers, so the reply cannot come
+	// inline): the chunk has no room for padding and the server
+	// writes exactly 1001 (RFC 8166 s3.4.6).
 	small := make([]byte, 1001)
 	if n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 3, small); err != nil || n != 1001 || !bytes.Equal(small, data[3:1004]) {
 		t.Fatalf("1001-byte READ: n=%d err=%v", n, err)
 	}
 	live("small READ")
-	// The same destination again (go-fuse reuses its buffers): the
-	// registration cache finds the region and gives it a new key.
-	hits := tr.Stats().MR.Hits
-	if _, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 0, dest); err != nil {
+	if st3 := tr.Stats(); st3.WriteChunks != st2.WriteChunks+1 || st3.BytesPlaced-st2.BytesPlaced != 1001 {
+		t.Fatalf("1001-byte READ: %d Write chunks, %d bytes placed", st3.WriteChunks-st2.WriteChunks, st3.BytesPlaced-st2.BytesPlaced)
+	}
+	// Reading again into a slice of the same buffer, as FUSE's rsize
+	// slices are: the exposure reuses a fast-registration region.
+	mem := tr.Stats().Memory
+	if _, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 4096, dest[4096:8192]); err != nil {
 		t.Fatal(err)
 	}
 	live("second READ")
-	if tr.Stats().MR.Hits != hits+1 {
-		t.Fatalf("re-reading into the same buffer missed the registration cache: %+v", tr.Stats().MR)
+	if m := tr.Stats().Memory; m.ExposureReuses != mem.ExposureReuses+1 || m.FastRegions != mem.FastRegions {
+		t.Fatalf("re-reading allocated a fast-registration region: before %+v after %+v", mem, m)
 	}
 	if err := c.CloseFile(ctx, rootCred, of); err != nil {
 		t.Fatal(err)
@@ -773,7 +796,7 @@ func TestCommitVerifierChangeResends(t *testing.T) {
 	}
 	data := pattern(3<<20, 11)
 	w := c.NewUnstableWriter(rootCred, of, 4)
-	if err := w.WriteAt(ctx, bytes.Clone(data), 0); err != nil {
+	if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	flip.armed.Store(true)

@@ -14,7 +14,17 @@ type Stats struct {
 	mu         sync.Mutex
 	ops        map[string]*opStats
 	recoveries atomic.Int64
+	copied     atomic.Uint64 // READ data bytes copied from replies into destinations
 }
+
+// BytesCopied returns how many READ data bytes the client copied from
+// replies into destinations.
+func (c *Client) BytesCopied() uint64 { return c.stats.BytesCopied() }
+
+// BytesCopied returns how many READ data bytes were copied from a reply
+// into the destination (data that came inline; data placed by an RDMA
+// Write chunk is not copied).
+func (s *Stats) BytesCopied() uint64 { return s.copied.Load() }
 
 type opStats struct {
 	count, errors uint64

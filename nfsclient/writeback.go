@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
@@ -41,6 +42,20 @@ type pendingWrite struct {
 	off  uint64
 	data []byte
 	verf Verifier
+	buf  *bufRef
+}
+
+// bufRef counts the pieces of one WriteAt still in use; the caller's
+// release runs when the last one is done (written stably, or committed).
+type bufRef struct {
+	n       atomic.Int32
+	release func()
+}
+
+func (b *bufRef) done() {
+	if b != nil && b.n.Add(-1) == 0 && b.release != nil {
+		b.release()
+	}
 }
 
 // maxWriteResends bounds how often a COMMIT with a changed verifier makes
@@ -57,21 +72,29 @@ func (c *Client) NewUnstableWriter(cred oncrpc.Credential, of *OpenFile, inFligh
 }
 
 // WriteAt starts writing data at off, in WSize pieces. The writer owns
-// data from now on: the caller must not change it.
-func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64) error {
+// data from now on: the caller must not change it. release, if not nil,
+// runs once the writer no longer needs data: every piece was written
+// stably or committed, or Discard dropped it.
+func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64, release func()) error {
+	ref := &bufRef{release: release}
+	ref.n.Store(int32((len(data)+w.c.wsize-1)/w.c.wsize) + 1)
+	defer ref.done() // the reference WriteAt holds while it starts pieces
 	for len(data) > 0 {
 		n := min(len(data), w.c.wsize)
 		piece := data[:n]
 		select {
 		case w.sem <- struct{}{}:
 		case <-ctx.Done():
+			for range (len(data) + w.c.wsize - 1) / w.c.wsize {
+				ref.done()
+			}
 			return ctx.Err()
 		}
 		w.wg.Add(1)
 		go func(off uint64) {
 			defer w.wg.Done()
 			defer func() { <-w.sem }()
-			err := w.write(ctx, off, piece, Unstable)
+			err := w.write(ctx, off, piece, Unstable, ref)
 			if err != nil {
 				w.mu.Lock()
 				if w.err == nil {
@@ -87,24 +110,39 @@ func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64) e
 }
 
 // write sends one WRITE, repeating it for a short count, and remembers
-// unstable data for the next COMMIT.
-func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, stable Stable) error {
+// unstable data for the next COMMIT. ref counts data as one piece: it is
+// done when no part of data is pending any more.
+func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, stable Stable, ref *bufRef) error {
+	kept := false
 	for len(data) > 0 {
 		res, err := w.c.Write(ctx, w.cred, w.fh, w.sid, off, data, stable)
 		if err != nil {
+			if !kept {
+				ref.done()
+			}
 			return fmt.Errorf("write at %d: %w", off, err)
 		}
 		if res.Count == 0 {
+			if !kept {
+				ref.done()
+			}
 			return fmt.Errorf("write at %d: %w: server wrote 0 bytes", off, ErrProtocol)
 		}
 		done := data[:res.Count]
 		if res.Committed == Unstable {
+			if kept {
+				ref.n.Add(1) // one more pending part of the same piece
+			}
+			kept = true
 			w.mu.Lock()
-			w.pending = append(w.pending, pendingWrite{off: off, data: done, verf: res.Verifier})
+			w.pending = append(w.pending, pendingWrite{off: off, data: done, verf: res.Verifier, buf: ref})
 			w.mu.Unlock()
 		}
 		data = data[res.Count:]
 		off += uint64(res.Count)
+	}
+	if !kept {
+		ref.done()
 	}
 	return nil
 }
@@ -146,6 +184,8 @@ func (w *UnstableWriter) Commit(ctx context.Context) error {
 		for _, p := range pending {
 			if p.verf != verf {
 				resend = append(resend, p)
+			} else {
+				p.buf.done() // committed: the data is no longer needed
 			}
 		}
 		if len(resend) == 0 {
@@ -155,13 +195,30 @@ func (w *UnstableWriter) Commit(ctx context.Context) error {
 		w.mu.Lock()
 		w.resent += len(resend)
 		w.mu.Unlock()
-		for _, p := range resend {
-			if err := w.write(ctx, p.off, p.data, FileSync); err != nil {
+		for i, p := range resend {
+			// The piece is resent FILE_SYNC; write counts it done.
+			if err := w.write(ctx, p.off, p.data, FileSync, p.buf); err != nil {
+				for _, q := range resend[i+1:] {
+					q.buf.done()
+				}
 				return err
 			}
 		}
 	}
 	return errors.New("commit: write verifier keeps changing")
+}
+
+// Discard drops the unstable data not yet committed (the file is being
+// closed after an error) and releases its buffers.
+func (w *UnstableWriter) Discard() {
+	w.wg.Wait()
+	w.mu.Lock()
+	pending := w.pending
+	w.pending = nil
+	w.mu.Unlock()
+	for _, p := range pending {
+		p.buf.done()
+	}
 }
 
 // Pending returns the number of bytes written unstable and not yet

@@ -1,0 +1,378 @@
+package nfsclient
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+// LockType is an nfs_lock_type4 (RFC 8881 s18.10.1).
+type LockType uint32
+
+// Byte-range lock types. The W variants ask for a blocking lock: the
+// server may then queue the request and notify with CB_NOTIFY_LOCK (RFC
+// 8881 s9.6, s20.11).
+const (
+	ReadLT   LockType = 1
+	WriteLT  LockType = 2
+	ReadWLT  LockType = 3
+	WriteWLT LockType = 4
+)
+
+// LengthToEOF is a length4 that reaches to the end of any file (RFC 8881
+// s18.10.3: all bits set).
+const LengthToEOF = ^uint64(0)
+
+// Decoding limit for a lock-owner's opaque (NFS4_OPAQUE_LIMIT).
+const maxLockOwnerLen = 1024
+
+// LockDenied is a LOCK4denied (RFC 8881 s18.10.2): the lock that
+// conflicts with the request.
+type LockDenied struct {
+	Offset   uint64
+	Length   uint64
+	Type     LockType
+	ClientID uint64
+	Owner    []byte
+}
+
+// Locker is the byte-range lock state of one lock-owner on one open file:
+// the lock stateid, once the first LOCK has made one. It serialises the
+// lock-owner's LOCK and LOCKU calls (RFC 8881 s9.4: one stateid per
+// lock-owner and file, changed by each operation on it).
+type Locker struct {
+	of    *OpenFile
+	owner []byte
+
+	mu   sync.Mutex
+	sid  StateID
+	have bool // sid is a lock stateid the server gave us
+	held bool // a LOCK succeeded since the last whole-file LOCKU
+}
+
+// NewLocker returns the lock state of lock-owner id on the open file of.
+// The owner string names both the open (its stateid's "other", unique per
+// open on the server) and id (the FUSE lock owner): each open file here
+// has its own open-owner, and a lock-owner is best kept to one open-owner
+// (RFC 8881 s9.5, s18.10.3). Its lock stateid stays valid after a LOCKU
+// of everything, until the open is closed (s8.2.4).
+func (c *Client) NewLocker(of *OpenFile, id uint64) *Locker {
+	owner := make([]byte, 0, 8+12+8)
+	owner = append(owner, "rdmafs-l"...)
+	owner = append(owner, of.StateID.Other[:]...)
+	owner = binary.BigEndian.AppendUint64(owner, id)
+	return &Locker{of: of, owner: owner}
+}
+
+// Held reports whether the lock-owner may hold locks on the file.
+func (l *Locker) Held() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held
+}
+
+// lockArgs is LOCK4args (RFC 8881 s18.10.1).
+type lockArgs struct {
+	typ     LockType
+	off     uint64
+	length  uint64
+	newLock bool
+	// new lock-owner: open_to_lock_owner4
+	openSeq  uint32
+	openSID  StateID
+	clientID uint64
+	owner    []byte
+	// existing lock-owner: exist_lock_owner4
+	lockSID StateID
+}
+
+func (c *compound) lock(a *lockArgs) {
+	c.op(opLock)
+	// RFC 8881 s2.10.6.1.3: LOCK is not idempotent; a retransmission
+	// must get the cached reply, not a second lock.
+	c.cacheThis = true
+	c.e.Uint32(uint32(a.typ))
+	c.e.Bool(false) // reclaim: only after a server restart (s9.11.1)
+	c.e.Uint64(a.off)
+	c.e.Uint64(a.length)
+	c.e.Bool(a.newLock)
+	if a.newLock {
+		// RFC 8881 s18.10.3: the first lock of a lock-owner names the
+		// open stateid it hangs off (open_to_lock_owner4). The seqids
+		// are 4.0's request ordering, which the session's slots replace
+		// in 4.1 (s2.10.6); servers ignore them.
+		c.e.Uint32(a.openSeq)
+		a.openSID.encode(&c.e)
+		c.e.Uint32(0) // lock_seqid
+		c.e.Uint64(a.clientID)
+		c.e.Opaque(a.owner)
+	} else {
+		// RFC 8881 s18.10.3: later locks use the lock stateid
+		// (exist_lock_owner4).
+		a.lockSID.encode(&c.e)
+		c.e.Uint32(0) // lock_seqid, unused in 4.1 (s2.10.6)
+	}
+}
+
+// decodeLockDenied reads a LOCK4denied.
+func decodeLockDenied(d *xdr.Decoder) *LockDenied {
+	dn := &LockDenied{}
+	dn.Offset = d.Uint64()
+	dn.Length = d.Uint64()
+	dn.Type = LockType(d.Uint32())
+	dn.ClientID = d.Uint64()
+	dn.Owner = append([]byte(nil), d.Opaque(maxLockOwnerLen)...)
+	return dn
+}
+
+// decodeLockResult reads the result of a LOCK or LOCKT: the lock
+// stateid (LOCK only) on success, the conflicting lock for
+// NFS4ERR_DENIED (RFC 8881 s18.10.2, s18.11.2).
+func (r *results) decodeLockResult(op uint32) (StateID, *LockDenied, error) {
+	before := r.i
+	err := r.next(op)
+	var oe *OpError
+	if err != nil {
+		// The body follows only if this op's result was in the reply.
+		if errors.As(err, &oe) && oe.Status == ErrDenied && r.i > before {
+			dn := decodeLockDenied(&r.d)
+			if cerr := r.check(op); cerr != nil {
+				return StateID{}, nil, cerr
+			}
+			return StateID{}, dn, err
+		}
+		return StateID{}, nil, err
+	}
+	var sid StateID
+	if op == opLock {
+		sid = decodeStateID(&r.d)
+	}
+	if err := r.check(op); err != nil {
+		return StateID{}, nil, err
+	}
+	return sid, nil, nil
+}
+
+func (c *compound) lockT(typ LockType, off, length, clientID uint64, owner []byte) {
+	c.op(opLockT)
+	c.e.Uint32(uint32(typ))
+	c.e.Uint64(off)
+	c.e.Uint64(length)
+	c.e.Uint64(clientID)
+	c.e.Opaque(owner)
+}
+
+func (c *compound) lockU(typ LockType, sid StateID, off, length uint64) {
+	c.op(opLockU)
+	c.cacheThis = true
+	c.e.Uint32(uint32(typ))
+	c.e.Uint32(0) // seqid, unused in 4.1 (RFC 8881 s2.10.6)
+	sid.encode(&c.e)
+	c.e.Uint64(off)
+	c.e.Uint64(length)
+}
+
+func (r *results) decodeLockU() (StateID, error) {
+	if err := r.next(opLockU); err != nil {
+		return StateID{}, err
+	}
+	sid := decodeStateID(&r.d)
+	return sid, r.check(opLockU)
+}
+
+// Lock sends one LOCK for [off, off+length) (RFC 8881 s18.10). A conflict
+// returns the holder's lock and an error wrapping ErrDenied.
+func (c *Client) Lock(ctx context.Context, cred oncrpc.Credential, l *Locker, typ LockType, off, length uint64) (*LockDenied, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := lockArgs{typ: typ, off: off, length: length, newLock: !l.have,
+		openSeq: l.of.StateID.Seq, openSID: l.of.StateID, clientID: c.clientID, owner: l.owner, lockSID: l.sid}
+	var sid StateID
+	var denied *LockDenied
+	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) { cp.lock(&a) }),
+		func(r *results) (err error) {
+			if err := r.voidOp(opPutFH); err != nil {
+				return err
+			}
+			sid, denied, err = r.decodeLockResult(opLock)
+			return err
+		})
+	if err != nil {
+		return denied, fmt.Errorf("LOCK [%d,+%d): %w", off, length, err)
+	}
+	l.sid, l.have, l.held = sid, true, true
+	return nil, nil
+}
+
+// TestLock asks with LOCKT whether l's owner could lock [off, off+length)
+// (RFC 8881 s18.11); it returns the conflicting lock, or nil. Locks of
+// l's own owner never conflict.
+func (c *Client) TestLock(ctx context.Context, cred oncrpc.Credential, l *Locker, typ LockType, off, length uint64) (*LockDenied, error) {
+	var denied *LockDenied
+	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) { cp.lockT(typ, off, length, c.clientID, l.owner) }),
+		func(r *results) (err error) {
+			if err := r.voidOp(opPutFH); err != nil {
+				return err
+			}
+			_, denied, err = r.decodeLockResult(opLockT)
+			return err
+		})
+	if denied != nil {
+		return denied, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("LOCKT [%d,+%d): %w", off, length, err)
+	}
+	return nil, nil
+}
+
+// Unlock sends LOCKU for [off, off+length) (RFC 8881 s18.12). An owner
+// that never got a lock stateid holds nothing, and nothing is sent.
+func (c *Client) Unlock(ctx context.Context, cred oncrpc.Credential, l *Locker, off, length uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.have {
+		return nil
+	}
+	var sid StateID
+	// RFC 8881 s18.12.3: the lock type is any valid one; the server
+	// releases whatever the owner holds in the range.
+	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) { cp.lockU(WriteLT, l.sid, off, length) }),
+		func(r *results) (err error) {
+			if err := r.voidOp(opPutFH); err != nil {
+				return err
+			}
+			sid, err = r.decodeLockU()
+			return err
+		})
+	if err != nil {
+		return fmt.Errorf("LOCKU [%d,+%d): %w", off, length, err)
+	}
+	l.sid = sid
+	if off == 0 && length == LengthToEOF {
+		l.held = false
+	}
+	return nil
+}
+
+// Blocking-lock retry bounds: the Linux client polls from 100 ms doubling
+// to 30 s (nfs4_retry_setlk); we cap lower, as a local waiter expects.
+const (
+	lockRetryMin = 20 * time.Millisecond
+	lockRetryMax = time.Second
+)
+
+// LockWait takes a lock for [off, off+length), waiting while another
+// owner holds a conflicting one: it sends LOCK with the blocking type
+// (READW_LT/WRITEW_LT) and, after NFS4ERR_DENIED, tries again after a
+// backoff growing to a second, or at once when the server announces with
+// CB_NOTIFY_LOCK that the lock may be free (RFC 8881 s9.6, s20.11). ctx
+// ends the wait; each LOCK itself runs on lockCtx, so that a LOCK the
+// server may have granted is never abandoned half-way.
+func (c *Client) LockWait(ctx, lockCtx context.Context, cred oncrpc.Credential, l *Locker, typ LockType, off, length uint64) error {
+	switch typ {
+	case ReadLT:
+		typ = ReadWLT
+	case WriteLT:
+		typ = WriteWLT
+	}
+	w := c.cb.locks.add(l.of.FH, c.clientID, l.owner)
+	defer c.cb.locks.remove(w)
+	delay := lockRetryMin
+	for {
+		_, err := c.Lock(lockCtx, cred, l, typ, off, length)
+		if !errors.Is(err, ErrDenied) {
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("waiting for lock: %w", ctx.Err())
+		case <-w.ch:
+			t.Stop()
+		case <-t.C:
+		}
+		delay = min(2*delay, lockRetryMax)
+	}
+}
+
+// lockWaiter is one LockWait waiting for CB_NOTIFY_LOCK.
+type lockWaiter struct {
+	key string
+	ch  chan struct{} // gets a token when the server notifies
+}
+
+// lockWaiters are the blocked lock requests, by file handle and
+// lock-owner, for CB_NOTIFY_LOCK (RFC 8881 s20.11).
+type lockWaiters struct {
+	mu       sync.Mutex
+	waiters  map[string]map[*lockWaiter]struct{}
+	notifies int
+}
+
+func lockWaiterKey(fh []byte, clientID uint64, owner []byte) string {
+	k := make([]byte, 0, 4+len(fh)+8+len(owner))
+	k = binary.BigEndian.AppendUint32(k, uint32(len(fh)))
+	k = append(k, fh...)
+	k = binary.BigEndian.AppendUint64(k, clientID)
+	return string(append(k, owner...))
+}
+
+func (ws *lockWaiters) add(fh []byte, clientID uint64, owner []byte) *lockWaiter {
+	w := &lockWaiter{key: lockWaiterKey(fh, clientID, owner), ch: make(chan struct{}, 1)}
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.waiters == nil {
+		ws.waiters = make(map[string]map[*lockWaiter]struct{})
+	}
+	if ws.waiters[w.key] == nil {
+		ws.waiters[w.key] = make(map[*lockWaiter]struct{})
+	}
+	ws.waiters[w.key][w] = struct{}{}
+	return w
+}
+
+func (ws *lockWaiters) remove(w *lockWaiter) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	delete(ws.waiters[w.key], w)
+	if len(ws.waiters[w.key]) == 0 {
+		delete(ws.waiters, w.key)
+	}
+}
+
+// notify wakes the waiters of a CB_NOTIFY_LOCK.
+func (ws *lockWaiters) notify(fh []byte, clientID uint64, owner []byte) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.notifies++
+	for w := range ws.waiters[lockWaiterKey(fh, clientID, owner)] {
+		select {
+		case w.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// LockNotifies returns how many CB_NOTIFY_LOCKs the client has received.
+func (c *Client) LockNotifies() int {
+	c.cb.locks.mu.Lock()
+	defer c.cb.locks.mu.Unlock()
+	return c.cb.locks.notifies
+}
+
+// decodeNotifyLock reads CB_NOTIFY_LOCK4args (RFC 8881 s20.11.1): the
+// file handle and the lock-owner whose blocked lock may now succeed.
+func decodeNotifyLock(d *xdr.Decoder) (fh []byte, clientID uint64, owner []byte, err error) {
+	fh = d.Opaque(maxFHSize)
+	clientID = d.Uint64()
+	owner = d.Opaque(maxLockOwnerLen)
+	return fh, clientID, owner, d.Err()
+}
