@@ -30,7 +30,7 @@ type file struct {
 
 	mu       sync.Mutex
 	w        *nfsclient.UnstableWriter
-	buf      []byte
+	wb       writeBuffer // coalesced writes not yet handed to w
 	bufOff   uint64
 	dirty    bool  // written since the last COMMIT
 	sent     bool  // UNSTABLE WRITEs went out since the last COMMIT
@@ -131,6 +131,9 @@ func (n *node) truncate(ctx context.Context, cred oncrpc.Credential, of *nfsclie
 // here: the session's reply cache gives exactly-once execution (RFC 8881
 // s2.10.6), so EXCLUSIVE4_1's verifier is not needed.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.fsys.checkName(name); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	ctx = uninterrupted(ctx)
 	n.fsys.Stats.Creates.Add(1)
 	cred := n.fsys.cred(ctx)
@@ -158,8 +161,10 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	return ino, h, fl, 0
 }
 
-// Read sends READs into the kernel's buffer: one copy from the receive
-// buffer over TCP, none over RDMA.
+// Read sends READs. With a transport buffer pool (RDMA) the data lands
+// in pool memory by RDMA Write and goes to the kernel from there: no copy
+// in user space. Otherwise it goes to the kernel's buffer, copied once
+// from the reply.
 func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
 	if errno := h.n.flushWriters(ctx); errno != 0 {
 		return nil, errno
@@ -169,14 +174,28 @@ func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadRes
 	if h.n.fsys.tr.On(trace.FUSE) {
 		start = time.Now()
 	}
-	total, err := h.readChunks(ctx, dest, uint64(off), rsize)
+	buf, pool := dest, h.n.fsys.opts.Buffers
+	if pool != nil {
+		if b, err := pool.Get(len(dest)); err == nil {
+			buf = b
+		} else {
+			pool = nil
+		}
+	}
+	total, err := h.readChunks(ctx, buf, uint64(off), rsize)
 	if err != nil && total == 0 {
+		if pool != nil {
+			pool.Put(buf)
+		}
 		return nil, h.n.errno("READ", err)
 	}
 	h.n.fsys.Stats.Reads.Add(1)
 	h.n.fsys.Stats.ReadBytes.Add(uint64(total))
 	if h.n.fsys.tr.On(trace.FUSE) {
 		h.n.fsys.trace("READ ino=%d off=%d len=%d got=%d time=%v", h.n.StableAttr().Ino, off, len(dest), total, time.Since(start).Round(time.Microsecond))
+	}
+	if pool != nil {
+		return &slabResult{pool: pool, buf: buf, n: total}, 0
 	}
 	return gofuse.ReadResultData(dest[:total]), 0
 }
@@ -250,6 +269,7 @@ func (h *file) readSeq(ctx context.Context, dest []byte, off uint64) (int, error
 // UNSTABLE WRITEs that go out while the application keeps writing.
 // Errors surface at the next write, flush or fsync, as on an NFS mount.
 func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	defer h.killPrivAfterWrite(ctx)
 	f := h.n.fsys
 	f.Stats.Writes.Add(1)
 	f.Stats.WriteBytes.Add(uint64(len(data)))
@@ -265,24 +285,42 @@ func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 	if h.w == nil {
 		h.w = f.c.NewUnstableWriter(h.cred, h.of, writesInFlight)
 	}
-	if len(h.buf) > 0 && uint64(off) != h.bufOff+uint64(len(h.buf)) {
+	if len(h.wb.b) > 0 && uint64(off) != h.bufOff+uint64(len(h.wb.b)) {
 		h.sendLocked()
 	}
 	wsize := f.c.WSize()
 	rest := data
 	pos := uint64(off)
 	for len(rest) > 0 {
-		if h.buf == nil {
-			// Start small: most files of a tree are much smaller than
-			// wsize; append grows the buffer up to wsize.
-			h.buf = make([]byte, 0, min(wsize, max(len(rest), 64<<10)))
+		if cap(h.wb.b) == 0 {
+			// Most files of a tree are much smaller than wsize: a
+			// file's first buffer starts at 64 KiB unless the write
+			// is larger; later ones are wsize (growing one would
+			// copy it).
+			size := wsize
+			if len(rest) < 64<<10 && pos == 0 && !h.sent {
+				size = min(wsize, 64<<10)
+			}
+			h.wb = h.newWriteBufferLocked(ctx, size)
 			h.bufOff = pos
+		} else if len(h.wb.b) == cap(h.wb.b) {
+			// Grow to wsize (once per buffer).
+			bigger := h.newWriteBufferLocked(ctx, wsize)
+			bigger.b = append(bigger.b, h.wb.b...)
+			f.Stats.BytesCopied.Add(uint64(len(h.wb.b)))
+			if rel := h.wb.release(); rel != nil {
+				rel()
+			}
+			h.wb = bigger
 		}
-		k := min(len(rest), wsize-len(h.buf))
-		h.buf = append(h.buf, rest[:k]...)
+		k := min(len(rest), cap(h.wb.b)-len(h.wb.b))
+		// The one copy a WRITE makes: from go-fuse's request buffer
+		// into the write-back buffer the server reads from.
+		h.wb.b = append(h.wb.b, rest[:k]...)
+		f.Stats.BytesCopied.Add(uint64(k))
 		rest = rest[k:]
 		pos += uint64(k)
-		if len(h.buf) == wsize {
+		if len(h.wb.b) == wsize {
 			h.sendLocked()
 		}
 	}
@@ -292,18 +330,19 @@ func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 	return uint32(len(data)), 0
 }
 
-// sendLocked hands the buffer to the UnstableWriter.
+// sendLocked hands the buffer to the UnstableWriter, which gives it back
+// once the data is committed.
 func (h *file) sendLocked() {
-	if len(h.buf) == 0 {
+	if len(h.wb.b) == 0 {
 		return
 	}
-	data, off := h.buf, h.bufOff
-	h.buf = nil
+	data, off, release := h.wb.b, h.bufOff, h.wb.release()
+	h.wb = writeBuffer{}
 	h.sent = true
 	if h.n.fsys.tr.On(trace.FUSE) {
 		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (unstable, buffered writes coalesced)", h.n.StableAttr().Ino, off, len(data))
 	}
-	if err := h.w.WriteAt(h.n.fsys.bg, data, off); err != nil && h.werr == nil {
+	if err := h.w.WriteAt(h.n.fsys.bg, data, off, release); err != nil && h.werr == nil {
 		h.werr = err
 		h.n.fsys.Stats.WriteErrors.Add(1)
 	}
@@ -316,10 +355,14 @@ func (h *file) writeOutLocked(ctx context.Context) error {
 	if h.w == nil {
 		return h.werr
 	}
-	if !h.sent && len(h.buf) > 0 && h.werr == nil {
-		data, off := h.buf, h.bufOff
-		h.buf = nil
-		if err := h.writeStable(ctx, data, off); err != nil {
+	if !h.sent && len(h.wb.b) > 0 && h.werr == nil {
+		data, off, release := h.wb.b, h.bufOff, h.wb.release()
+		h.wb = writeBuffer{}
+		err := h.writeStable(ctx, data, off)
+		if release != nil {
+			release()
+		}
+		if err != nil {
 			h.werr = err
 			return err
 		}
@@ -392,6 +435,7 @@ func (h *file) writeStable(ctx context.Context, data []byte, off uint64) error {
 // Flush runs at every close(2): the data must be on stable storage and
 // the attributes fresh before close returns (close-to-open).
 func (h *file) Flush(ctx context.Context) syscall.Errno {
+	owner, hasOwner := h.n.fsys.flushOwner(ctx)
 	ctx = uninterrupted(ctx)
 	h.n.fsys.Stats.Flushes.Add(1)
 	h.mu.Lock()
@@ -400,6 +444,11 @@ func (h *file) Flush(ctx context.Context) syscall.Errno {
 	h.mu.Unlock()
 	if err != nil {
 		return h.n.errno("flush", err)
+	}
+	if hasOwner {
+		if errno := h.flushLocks(ctx, owner); errno != 0 {
+			return errno
+		}
 	}
 	if wasDirty {
 		// Our own writes changed the change attribute: remember the
@@ -443,7 +492,15 @@ func (h *file) release(ctx context.Context) syscall.Errno {
 	defer h.n.fsys.doneClose()
 	err := h.syncLocked(ctx)
 	h.n.removeWriter(h)
+	if rel := h.wb.release(); rel != nil {
+		rel() // data that could not be written (the error is err)
+	}
+	h.wb = writeBuffer{}
+	if h.w != nil {
+		h.w.Discard() // unstable data left after an error
+	}
 	h.mu.Unlock()
+	h.releaseLocks(ctx)
 	cerr := h.n.fsys.c.CloseFile(ctx, h.cred, h.of)
 	if h.n.fsys.tr.On(trace.FUSE) {
 		h.n.fsys.trace("RELEASE ino=%d stateid=%d:%x close=%v", h.n.StableAttr().Ino, h.of.StateID.Seq, h.of.StateID.Other, cerr)

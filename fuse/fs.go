@@ -5,6 +5,12 @@
 // UNSTABLE WRITEs committed on flush and fsync, and answers READDIRPLUS
 // from the attributes READDIR returned.
 //
+// Over RPC-over-RDMA (Options.Buffers) file data lives in the transport's
+// registered memory: a READ's data is placed there by the server and
+// handed to the kernel from there (a go-fuse ReadResult released in
+// Done), and a WRITE's data is copied there once from go-fuse's request
+// buffer, coalesced, and read from there by the server.
+//
 //	c, _ := nfsclient.Dial(ctx, nfsclient.Config{Transport: tr, Export: "/export"})
 //	m, err := fuse.Serve(ctx, c, "/mnt", fuse.Options{FSName: "server:/export"})
 //	...
@@ -48,6 +54,10 @@ type Options struct {
 	// MaxIO is the largest FUSE READ and WRITE (MaxWrite, max_read); zero
 	// means 1 MiB.
 	MaxIO int
+	// Buffers, if set, is the transport's registered memory: READ
+	// replies and write-back buffers are drawn from it so the data is
+	// not copied on its way to or from the wire.
+	Buffers BufferPool
 	// Tracer receives FUSE trace events; nil traces nothing.
 	Tracer *trace.Tracer
 	// Debug logs every FUSE request (go-fuse's own debug output).
@@ -84,6 +94,10 @@ type Counters struct {
 	Lookups, Readdirs  atomic.Uint64
 	Flushes, Fsyncs    atomic.Uint64
 	WriteErrors        atomic.Uint64
+	// BytesCopied counts data bytes this layer copied: WRITE data into
+	// write-back buffers (the one copy a WRITE makes), and buffered data
+	// moved to a larger buffer.
+	BytesCopied atomic.Uint64
 }
 
 // FS is the state shared by all nodes of one mount.
@@ -107,6 +121,11 @@ type FS struct {
 	writers map[uint64]map[*file]struct{}
 	closing int        // releases in progress
 	closed  *sync.Cond // signalled when closing drops
+
+	flushOwners sync.Map // FLUSH in progress -> its lock owner (rawhooks.go)
+	writeFlags  sync.Map // WRITE in progress -> FUSE_WRITE_KILL_SUIDGID (rawhooks.go)
+	locks       lockTable
+	nameMax     int // longest name the server takes (names.go)
 
 	// Stats are the FUSE layer's counters.
 	Stats Counters
@@ -138,6 +157,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		return nil, fmt.Errorf("getattr of export root: %w", err)
 	}
 	root := f.newNode(c.RootFH(), &a)
+	f.loadNameMax(ctx, cred)
 
 	zero := time.Duration(0)
 	mo := gofuse.MountOptions{
@@ -151,8 +171,11 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		DisableSplice:  true, // replies are in memory already; a pipe adds a copy
 		MaxBackground:  64,
 		DirectMount:    true,
-		EnableLocks:    false,
+		EnableLocks:    true, // fcntl and flock locks go to the server (lock.go)
 		RememberInodes: false,
+		// The kernel leaves clearing set-user-ID bits on write to us
+		// (killpriv.go) instead of a SETATTR the server refuses.
+		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2,
 	}
 	// The server checks every request against the caller's AUTH_SYS
 	// uid, gid and groups. The kernel checks too (default_permissions),
@@ -175,7 +198,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		NullPermissions: true,
 		RootStableAttr:  &fs.StableAttr{Ino: a.FileID},
 	}
-	srv, err := fs.Mount(dir, root, fo)
+	srv, err := f.mount(dir, root, fo)
 	if err != nil {
 		f.bgCancel()
 		return nil, fmt.Errorf("fuse mount on %s: %w", dir, err)

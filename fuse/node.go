@@ -114,6 +114,9 @@ func (n *node) errno(op string, err error) syscall.Errno {
 
 // Lookup finds name with LOOKUP+GETFH+GETATTR.
 func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.fsys.checkName(name); errno != 0 {
+		return nil, errno
+	}
 	n.fsys.Stats.Lookups.Add(1)
 	fh, a, err := n.fsys.c.Lookup(ctx, n.fsys.cred(ctx), n.handle(), name)
 	if err != nil {
@@ -259,10 +262,7 @@ func (n *node) Statfs(ctx context.Context, out *gofuse.StatfsOut) syscall.Errno 
 	out.Bavail = a.SpaceAvail / bsize
 	out.Files = a.FilesTotal
 	out.Ffree = a.FilesFree
-	out.NameLen = a.MaxName
-	if out.NameLen == 0 {
-		out.NameLen = 255
-	}
+	out.NameLen = uint32(n.fsys.nameMax)
 	return 0
 }
 
@@ -277,6 +277,9 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 // Mkdir sends CREATE of an NF4DIR.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.fsys.checkName(name); errno != 0 {
+		return nil, errno
+	}
 	ctx = uninterrupted(ctx)
 	fh, a, err := n.fsys.c.Mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
 	if err != nil {
@@ -288,6 +291,9 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 // Mknod creates fifos, sockets and devices with CREATE, regular files
 // with OPEN(create)+CLOSE.
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.fsys.checkName(name); errno != 0 {
+		return nil, errno
+	}
 	ctx = uninterrupted(ctx)
 	cred := n.fsys.cred(ctx)
 	var typ nfsclient.FileType
@@ -322,6 +328,12 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 
 // Symlink sends CREATE of an NF4LNK.
 func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.fsys.checkName(name); errno != 0 {
+		return nil, errno
+	}
+	if errno := checkPath(target); errno != 0 {
+		return nil, errno
+	}
 	ctx = uninterrupted(ctx)
 	fh, a, err := n.fsys.c.Symlink(ctx, n.fsys.cred(ctx), n.handle(), name, target, nil)
 	if err != nil {
@@ -332,6 +344,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.Ent
 
 // Link sends LINK and returns the target's inode with its new link count.
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.fsys.checkName(name); errno != 0 {
+		return nil, errno
+	}
 	ctx = uninterrupted(ctx)
 	t, ok := target.(*node)
 	if !ok {
@@ -347,6 +362,9 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 // Unlink sends REMOVE. The kernel has already checked that name is not a
 // directory.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if errno := n.fsys.checkName(name); errno != 0 {
+		return errno
+	}
 	ctx = uninterrupted(ctx)
 	if err := n.fsys.c.Remove(ctx, n.fsys.cred(ctx), n.handle(), name); err != nil {
 		return n.errno("REMOVE", err)
@@ -363,6 +381,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 // s18.26.4). RENAME_NOREPLACE is checked with a LOOKUP first (not atomic);
 // RENAME_EXCHANGE has no NFS counterpart.
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if errno := n.fsys.checkName(name, newName); errno != 0 {
+		return errno
+	}
 	ctx = uninterrupted(ctx)
 	np, ok := newParent.(*node)
 	if !ok {

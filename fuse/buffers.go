@@ -1,0 +1,95 @@
+package fuse
+
+import (
+	"context"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// BufferPool is memory the transport moves without copying: the
+// registered slab of an RPC-over-RDMA transport (mrcache.Pool). READ data
+// lands in it by RDMA Write and goes to the kernel from it; WRITE data is
+// copied into it once, from go-fuse's request buffer, and read from it by
+// the server's RDMA Read. Get never waits: ErrNoMemory (any error) makes
+// the caller use ordinary memory, which the transport then copies.
+type BufferPool interface {
+	Get(n int) ([]byte, error)
+	Put(b []byte) error
+}
+
+// slabResult is a READ reply whose data stays in a pool buffer until
+// go-fuse has written it to the kernel. It implements go-fuse's vectored
+// result (Slices), so go-fuse writes it with writev from where it is and
+// calls Done afterwards.
+type slabResult struct {
+	pool BufferPool
+	buf  []byte
+	n    int
+}
+
+var _ gofuse.ReadResult = (*slabResult)(nil)
+
+// Bytes returns the data in place.
+func (r *slabResult) Bytes([]byte) ([]byte, gofuse.Status) { return r.buf[:r.n], gofuse.OK }
+
+// Slices returns the data in place, for a vectored write to the kernel.
+func (r *slabResult) Slices() ([][]byte, gofuse.Status) { return [][]byte{r.buf[:r.n]}, gofuse.OK }
+
+// Size returns the number of data bytes.
+func (r *slabResult) Size() int { return r.n }
+
+// Done gives the buffer back once the data is with the kernel.
+func (r *slabResult) Done() {
+	if r.buf != nil {
+		r.pool.Put(r.buf)
+		r.buf = nil
+	}
+}
+
+// writeBuffer is a file's write-back buffer: pool memory when the
+// transport has a pool, ordinary memory otherwise.
+type writeBuffer struct {
+	b    []byte // len: bytes buffered; cap: room
+	pool BufferPool
+}
+
+// newWriteBuffer returns an empty buffer with room for n bytes.
+func (f *FS) newWriteBuffer(n int) writeBuffer {
+	if p := f.opts.Buffers; p != nil {
+		if b, err := p.Get(n); err == nil {
+			return writeBuffer{b: b[:0], pool: p}
+		}
+	}
+	return writeBuffer{b: make([]byte, 0, n)}
+}
+
+// newWriteBufferLocked is newWriteBuffer for h: when the pool is used up
+// and h has unstable data waiting for a COMMIT, it commits first, which
+// gives that data's buffers back (as the Linux client commits when too
+// many unstable pages pile up), and tries again.
+func (h *file) newWriteBufferLocked(ctx context.Context, n int) writeBuffer {
+	f := h.n.fsys
+	wb := f.newWriteBuffer(n)
+	if wb.pool != nil || f.opts.Buffers == nil || h.w == nil || h.w.Pending() == 0 {
+		return wb
+	}
+	if err := h.w.Commit(uninterrupted(ctx)); err != nil {
+		if h.werr == nil {
+			h.werr = err
+		}
+		return wb
+	}
+	if better := f.newWriteBuffer(n); better.pool != nil {
+		return better
+	}
+	return wb
+}
+
+// release returns a pool buffer; the caller no longer uses b.
+func (w writeBuffer) release() func() {
+	if w.pool == nil {
+		return nil
+	}
+	p, b := w.pool, w.b[:cap(w.b)]
+	return func() { p.Put(b) }
+}
