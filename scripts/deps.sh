@@ -13,7 +13,9 @@ PKGS=(
   fuse3
   nfs-ganesha nfs-ganesha-vfs nfs-ganesha-mem
   qemu-system-x86 busybox-static python3 binutils gcc make xz-utils zstd
-  util-linux   # flock
+  util-linux   # flock; setpriv and unshare (tests as an ordinary user, without /dev/fuse)
+  fio          # make bench-mount
+  mount coreutils   # mount, mknod, cut in those tests' namespace scripts
 )
 
 say() { echo "deps: $*"; }

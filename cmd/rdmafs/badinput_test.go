@@ -136,7 +136,7 @@ func TestMountBusy(t *testing.T) {
 // no fuse device.
 func TestMountNoDevFuse(t *testing.T) {
 	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("no unshare")
+		t.Fatalf("unshare is missing (util-linux; scripts/deps.sh installs it): %v", err)
 	}
 	bin := rdmafsBin(t)
 	dir := mountDir(t)

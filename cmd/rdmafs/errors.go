@@ -16,7 +16,7 @@ import (
 const (
 	exitUsage      = 1  // bad command line or option
 	exitMountpoint = 2  // mountpoint missing, not a directory, or busy
-	exitFUSE       = 3  // no /dev/fuse, or the kernel refused the FUSE mount
+	exitFUSE       = 3  // no /dev/fuse, or fusermount3 or the kernel refused the FUSE mount
 	exitServer     = 4  // server unreachable, closed the connection, or no reply
 	exitExport     = 5  // export not found or access denied
 	exitFailure    = 32 // any other mount failure (mount(8)'s code)

@@ -54,6 +54,12 @@ func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
 // public server speaks version 2).
 func forEachTransport(t *testing.T, f func(t *testing.T, p peer)) {
 	forEachPeer(t, f)
+	forEachRDMAPeer(t, f)
+}
+
+// forEachRDMAPeer runs f over RPC-over-RDMA only: knfsd's RDMA listener
+// and the version-2 relay to ganesha.
+func forEachRDMAPeer(t *testing.T, f func(t *testing.T, p peer)) {
 	t.Run("knfsd-rdma", func(t *testing.T) {
 		k := testpeer.RequireKnfsd(t)
 		host, port := splitAddr(t, k.RDMAAddr)

@@ -65,13 +65,27 @@ session and answers "rdmafs stats". Unmounting (rdmafs umount, umount, or
 fusermount3 -u) writes back buffered data, closes open state, destroys
 the session and ends that process.
 
+Its fast transport is RPC-over-RDMA (RFC 8166, and the draft version 2),
+through a pure-Go iWARP provider that needs no RDMA hardware; plain TCP
+is the fallback.
+
 EXAMPLES:
    rdmafs mount server:/export /mnt       # background; returns when mounted
+   rdmafs mount -o proto=rdma server:/export /mnt
    rdmafs mount -f -v nfs,fuse server:/ /mnt
    rdmafs stats /mnt
    rdmafs umount /mnt
 
-Run "rdmafs COMMAND --help" for a command's options and exit codes.`,
+Run "rdmafs COMMAND --help" for a command's options and exit codes.
+
+ENVIRONMENT:
+   RDMAFS_RUN_DIR    directory of the stats sockets, instead of
+                     /run/rdmafs (root) or the user's own
+   XDG_RUNTIME_DIR   a non-root user's stats sockets go in
+                     $XDG_RUNTIME_DIR/rdmafs (else /tmp/rdmafs-UID)
+
+EXIT STATUS:
+   0 success; 1 bad usage; 2 to 5 and 32: see "rdmafs mount --help".`,
 		HideHelpCommand: true,
 		Commands:        []*cli.Command{mountCommand(), umountCommand(), statsCommand()},
 		ExitErrHandler:  func(*cli.Context, error) {}, // main reports errors

@@ -21,30 +21,35 @@ import (
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
+// mountFlags are the flags of "rdmafs mount". Each NFS option is also an
+// -o option of the same name; DefaultText gives the real default, which
+// the flag's zero value is not (an unset flag leaves the -o value or the
+// default in place).
 func mountFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringSliceFlag{Name: "o", Usage: "mount options, nfs(5) style: `OPT[=VAL],...`"},
-		&cli.BoolFlag{Name: "foreground", Aliases: []string{"f"}, Usage: "stay in the foreground (do not daemonise)"},
-		&cli.StringFlag{Name: "v", Usage: "trace `CATEGORIES` (rpc,nfs,fuse,rdma,mr,verbs or all) to stderr or --log"},
-		&cli.StringFlag{Name: "log", Usage: "write traces and errors to `FILE` instead of stderr"},
-		&cli.StringFlag{Name: "proto", Usage: "transport: tcp or rdma (default tcp)"},
-		&cli.IntFlag{Name: "port", Usage: "server port (default 2049 for tcp, 20049 for rdma)"},
-		&cli.StringFlag{Name: "vers", Usage: "NFS version; only 4.1"},
-		&cli.IntFlag{Name: "rsize", Usage: "largest READ in bytes (default 1 MiB, lowered to the session's limit)"},
-		&cli.IntFlag{Name: "wsize", Usage: "largest WRITE in bytes (default 1 MiB, lowered to the session's limit)"},
-		&cli.IntFlag{Name: "timeo", Usage: "RPC timeout in tenths of a second (default 600)"},
-		&cli.IntFlag{Name: "retrans", Usage: "retransmissions before a soft mount fails a call (default 2)"},
-		&cli.BoolFlag{Name: "soft", Usage: "fail calls after timeo x retrans (default hard: retry forever)"},
-		&cli.BoolFlag{Name: "hard", Usage: "retry calls until the server answers (default)"},
-		&cli.IntFlag{Name: "actimeo", Usage: "set all attribute cache timeouts to `SECONDS` (0 disables caching)"},
-		&cli.IntFlag{Name: "acregmin", Usage: "minimum attribute cache time of files, `SECONDS` (default 3)"},
-		&cli.IntFlag{Name: "acregmax", Usage: "maximum attribute cache time of files, `SECONDS` (default 60)"},
-		&cli.IntFlag{Name: "acdirmin", Usage: "minimum attribute cache time of directories, `SECONDS` (default 30)"},
-		&cli.IntFlag{Name: "acdirmax", Usage: "maximum attribute cache time of directories, `SECONDS` (default 60)"},
-		&cli.BoolFlag{Name: "ro", Usage: "mount read-only"},
-		&cli.BoolFlag{Name: "rw", Usage: "mount read-write (default)"},
-		&cli.BoolFlag{Name: "allow_other", Aliases: []string{"allow-other"}, Usage: "let other users use the mount"},
-		&cli.StringFlag{Name: "rdmavers", Usage: "RPC-over-RDMA version: auto, 1 or 2 (proto=rdma)"},
+		&cli.StringSliceFlag{Name: "o", Usage: "mount options, nfs(5) style, comma separated, repeatable: `OPT[=VAL],...` (see MOUNT OPTIONS above)", DefaultText: "none"},
+		&cli.BoolFlag{Name: "foreground", Aliases: []string{"f"}, Usage: "stay in the foreground and serve the mount from this process", DefaultText: "off: return once mounted, a background process serves"},
+		&cli.StringFlag{Name: "v", Usage: "trace `CATEGORIES` (comma separated: rpc, nfs, fuse, rdma, mr, verbs, or all), one line per event, to stderr or --log", DefaultText: "none"},
+		&cli.StringFlag{Name: "log", Usage: "write traces and errors to `FILE` (appended) instead of stderr", DefaultText: "stderr"},
+		&cli.StringFlag{Name: "proto", Usage: "transport `PROTO`: tcp, or rdma (RPC-over-RDMA)", DefaultText: "tcp"},
+		&cli.IntFlag{Name: "port", Usage: "server `PORT`; also server:PORT:/export", DefaultText: "2049 for tcp, 20049 for rdma"},
+		&cli.StringFlag{Name: "vers", Usage: "NFS `VERSION`; only 4.1 is spoken, anything else is an error", DefaultText: "4.1"},
+		&cli.IntFlag{Name: "rsize", Usage: "largest READ in `BYTES` (4096 to 16777216), lowered to the session's limit", DefaultText: "1048576"},
+		&cli.IntFlag{Name: "wsize", Usage: "largest WRITE in `BYTES` (4096 to 16777216), lowered to the session's limit", DefaultText: "1048576"},
+		&cli.IntFlag{Name: "timeo", Usage: "RPC timeout in tenths of a second (`N`); the first contact fails within timeo x (retrans+1), even when hard", DefaultText: "600"},
+		&cli.IntFlag{Name: "retrans", Usage: "retransmissions (`N`) before a soft mount fails a call", DefaultText: "2"},
+		&cli.BoolFlag{Name: "soft", Usage: "fail a call with ETIMEDOUT after timeo x retrans", DefaultText: "off (hard)"},
+		&cli.BoolFlag{Name: "hard", Usage: "retry calls until the server answers", DefaultText: "on"},
+		&cli.IntFlag{Name: "actimeo", Usage: "set all four attribute cache times to `SECONDS`; 0 turns caching off (as -o noac)", DefaultText: "unset"},
+		&cli.IntFlag{Name: "acregmin", Usage: "minimum attribute cache time of files, `SECONDS`", DefaultText: "3"},
+		&cli.IntFlag{Name: "acregmax", Usage: "maximum attribute cache time of files, `SECONDS`", DefaultText: "60"},
+		&cli.IntFlag{Name: "acdirmin", Usage: "minimum attribute cache time of directories, `SECONDS`", DefaultText: "30"},
+		&cli.IntFlag{Name: "acdirmax", Usage: "maximum attribute cache time of directories, `SECONDS`", DefaultText: "60"},
+		&cli.BoolFlag{Name: "ro", Usage: "mount read-only", DefaultText: "off (rw)"},
+		&cli.BoolFlag{Name: "rw", Usage: "mount read-write", DefaultText: "on"},
+		&cli.BoolFlag{Name: "allow_other", Aliases: []string{"allow-other"}, Usage: "let other users use the mount (FUSE allow_other; a non-root user needs user_allow_other in /etc/fuse.conf)", DefaultText: "off"},
+		&cli.StringFlag{Name: "rdmavers", Usage: "RPC-over-RDMA `VERSION` with proto=rdma: auto (try 2, fall back to 1), 1 or 2", DefaultText: "auto"},
+		&cli.StringFlag{Name: "rdmamem", Usage: "registered memory for READ and WRITE data with proto=rdma, `BYTES` with an optional K, M or G suffix (4M to 64G)", DefaultText: "64M"},
 		&cli.BoolFlag{Name: "debug-fuse", Hidden: true, Usage: "log every FUSE request"},
 	}
 }
@@ -57,35 +62,80 @@ func mountCommand() *cli.Command {
 		UsageText: `rdmafs mount [options] server[:port]:/export /mountpoint
    mount.rdmafs server:/export /mountpoint -o options     (mount(8) helper)`,
 		Description: `Mounts the NFSv4.1 export on the mountpoint. Without --foreground the
-command returns once the mount is live (or prints why it failed) and a
-background process serves the mount until it is unmounted.
+command returns once the mount is live (or prints, in one line, why it
+failed) and a background process serves the mount until it is unmounted
+(rdmafs umount, umount or fusermount3 -u). The first contact with the
+server fails within timeo x (retrans+1), even for a hard mount.
 
-Options can be given nfs(5) style with -o (comma separated, repeatable) or
-as flags: proto=tcp|rdma, port=N, vers=4.1, rsize=N, wsize=N, timeo=N
-(tenths of a second), retrans=N, hard|soft, actimeo=N, acregmin=N,
-acregmax=N, acdirmin=N, acdirmax=N, noac, ro|rw, allow_other,
-rdmavers=auto|1|2. fstab-only options (_netdev, defaults, nofail, x-*...)
-are accepted and ignored; any other option is an error.
+MOUNT OPTIONS (-o, comma separated, repeatable; most are also flags,
+which override -o):
+   proto=tcp|rdma        transport (default tcp)
+   port=N                server port (default 2049 for tcp, 20049 for
+                         rdma); also server:PORT:/export
+   vers=4.1              the only version spoken (nfsvers= too); anything
+                         else is an error
+   rsize=N, wsize=N      largest READ/WRITE in bytes, 4096 to 16777216
+                         (default 1048576, lowered to the session's limits)
+   timeo=N               RPC timeout in tenths of a second (default 600)
+   retrans=N             retransmissions before a soft mount fails a call
+                         (default 2)
+   hard | soft           retry forever (default) | fail with ETIMEDOUT
+                         after timeo x retrans
+   actimeo=N             all attribute cache times, seconds; 0 = noac
+   acregmin=N acregmax=N attribute cache times of files, seconds
+                         (defaults 3 and 60)
+   acdirmin=N acdirmax=N attribute cache times of directories, seconds
+                         (defaults 30 and 60)
+   noac | ac             attribute caching off | on (default on)
+   ro | rw               read-only | read-write (default rw)
+   allow_other           let other users use the mount (default off)
+   rdmavers=auto|1|2     RPC-over-RDMA version with proto=rdma (default
+                         auto: offer version 2, fall back to 1)
+   rdmamem=BYTES         registered memory with proto=rdma, K/M/G suffix,
+                         4M to 64G (default 64M): READ data lands in it and
+                         WRITE data leaves from it; calls beyond it copy
+fstab-only options (_netdev, defaults, auto, noauto, nofail, user, x-*,
+...) and nfs(5) options without meaning here (sec, nconnect, ...) are
+accepted and ignored; any other option is an error.
 
-Permissions: requests carry the calling process's uid, gid and
-supplementary groups (AUTH_SYS) and the server decides; the kernel also
-checks the cached mode bits first (FUSE default_permissions), so search
-permission on directories holds for cached paths too.
+PERMISSIONS: requests carry the calling process's uid, gid and
+supplementary groups (AUTH_SYS, at most 16 groups) and the server
+decides; the kernel also checks the cached mode bits first (FUSE
+default_permissions), so search permission on directories holds for
+cached paths too. Root is not squashed by rdmafs; the export's options
+(root_squash) apply.
+
+AS AN ORDINARY USER: the mount goes through fusermount3 (setuid, from
+fuse3), which needs /dev/fuse readable and writable by the user, a
+mountpoint the user may write to, and user_allow_other in
+/etc/fuse.conf for allow_other. When it refuses, its reason is part of
+the error.
 
 EXAMPLES:
    rdmafs mount nfs1:/export /mnt
+   rdmafs mount nfs1:2050:/export /mnt
    rdmafs mount -o proto=tcp,port=2049,soft,timeo=100 nfs1:/export /mnt
-   rdmafs mount -f -v nfs,fuse --log /tmp/rdmafs.log nfs1:/ /mnt
+   rdmafs mount -o proto=rdma nfs1:/export /mnt       # port 20049
    rdmafs mount --proto rdma --rdmavers 2 nfs1:/export /mnt
+   rdmafs mount -f -v nfs,fuse --log /tmp/rdmafs.log nfs1:/ /mnt
 
-fstab (mount -a uses mount.fuse3, which runs "rdmafs SOURCE DIR -o OPTS"):
+fstab (mount(8) runs mount.fuse3, which runs "rdmafs SOURCE DIR -o OPTS";
+rdmafs also answers to mount.rdmafs and mount.fuse.rdmafs):
    nfs1:/export  /mnt  fuse.rdmafs  proto=rdma,_netdev  0 0
 
+FILES:
+   /run/rdmafs/HASH.sock (root), $XDG_RUNTIME_DIR/rdmafs/HASH.sock or
+   /tmp/rdmafs-UID/HASH.sock (other users): the stats socket of the mount
+   (see rdmafs stats --help); RDMAFS_RUN_DIR replaces the directory.
+
 EXIT STATUS:
-   0 mounted; 1 bad usage or option; 2 mountpoint missing, not a directory
-   or busy; 3 no /dev/fuse or FUSE mount refused; 4 server unreachable,
-   closed the connection or did not answer; 5 export not found or access
-   denied; 32 other failure.`,
+   0   mounted
+   1   bad usage or option
+   2   mountpoint missing, not a directory, or busy
+   3   no /dev/fuse, or fusermount3 or the kernel refused the FUSE mount
+   4   server unreachable, closed the connection, or did not answer
+   5   export not found, or access denied
+   32  any other failure`,
 		Flags:  mountFlags(),
 		Action: runMount,
 	}
@@ -343,17 +393,23 @@ func serve(o *mountOptions, tr *trace.Tracer, debugFUSE bool, notify func(error)
 	if strings.Contains(o.Server, ":") {
 		fsName = "[" + o.Server + "]:" + o.Export
 	}
-	m, err := fuse.Serve(ctx, c, o.Dir, fuse.Options{
-		FSName:     fsName,
-		AcRegMin:   o.AcRegMin,
-		AcRegMax:   o.AcRegMax,
-		AcDirMin:   o.AcDirMin,
-		AcDirMax:   o.AcDirMax,
-		NoAC:       o.NoAC,
-		ReadOnly:   o.ReadOnly,
-		AllowOther: o.AllowOther,
-		Tracer:     tr,
-		Debug:      debugFUSE,
+	var m *fuse.Mount
+	fmMsg, err := withFusermountStderr(func() error {
+		var err error
+		m, err = fuse.Serve(ctx, c, o.Dir, fuse.Options{
+			FSName:     fsName,
+			AcRegMin:   o.AcRegMin,
+			AcRegMax:   o.AcRegMax,
+			AcDirMin:   o.AcDirMin,
+			AcDirMax:   o.AcDirMax,
+			NoAC:       o.NoAC,
+			ReadOnly:   o.ReadOnly,
+			AllowOther: o.AllowOther,
+			Buffers:    buffersOf(t),
+			Tracer:     tr,
+			Debug:      debugFUSE,
+		})
+		return err
 	})
 	if err != nil {
 		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -362,7 +418,11 @@ func serve(o *mountOptions, tr *trace.Tracer, debugFUSE bool, notify func(error)
 		if errors.Is(err, syscall.EBUSY) {
 			return exitf(exitMountpoint, err, "mountpoint %s is busy", o.Dir)
 		}
-		return exitf(exitFUSE, err, "FUSE mount on %s failed: %v", o.Dir, err)
+		if fmMsg != "" {
+			// fusermount3's own reason, then go-fuse's "exited with code".
+			return exitf(exitFUSE, err, "FUSE mount on %s failed: %s (%s)", o.Dir, fmMsg, strings.TrimSpace(err.Error()))
+		}
+		return exitf(exitFUSE, err, "FUSE mount on %s failed: %s", o.Dir, strings.TrimSpace(err.Error()))
 	}
 	ss, err := startStats(o, m, t, &retrans)
 	if err != nil {

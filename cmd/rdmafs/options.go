@@ -31,6 +31,9 @@ type mountOptions struct {
 	// AllowOther lets other users use the mount (FUSE allow_other).
 	AllowOther bool
 	RDMAVers   string // auto, 1 or 2: the RPC-over-RDMA version
+	// RDMAMem bounds the registered memory of a proto=rdma mount: the
+	// buffers READ data lands in and WRITE data leaves from.
+	RDMAMem int64
 }
 
 // Default ports: NFS over TCP (RFC 7530 s3.1) and over RDMA (RFC 8267
@@ -50,7 +53,30 @@ func defaultOptions() mountOptions {
 		Retrans:  2,
 		Hard:     true,
 		RDMAVers: "auto",
+		RDMAMem:  64 << 20,
 	}
+}
+
+// parseSize parses a byte count with an optional K, M or G suffix
+// (powers of 1024), as rdmamem=256M.
+func parseSize(val string) (int64, error) {
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(val, "K"), strings.HasSuffix(val, "k"):
+		mult = 1 << 10
+	case strings.HasSuffix(val, "M"), strings.HasSuffix(val, "m"):
+		mult = 1 << 20
+	case strings.HasSuffix(val, "G"), strings.HasSuffix(val, "g"):
+		mult = 1 << 30
+	}
+	if mult != 1 {
+		val = val[:len(val)-1]
+	}
+	v, err := strconv.ParseInt(val, 10, 64)
+	if err != nil || v < 0 || v > (1<<40)/mult {
+		return 0, fmt.Errorf("want a byte count such as 67108864 or 64M")
+	}
+	return v * mult, nil
 }
 
 // ignoredOptions are accepted for fstab and mount(8) compatibility and
@@ -193,6 +219,15 @@ func (o *mountOptions) set(opt string) error {
 			return err
 		}
 		o.AllowOther = true
+	case "rdmamem":
+		v, err := parseSize(val)
+		if err != nil {
+			return fmt.Errorf("option rdmamem=%s: %w", val, err)
+		}
+		if v < 4<<20 || v > 64<<30 {
+			return fmt.Errorf("option rdmamem=%s: want 4M to 64G", val)
+		}
+		o.RDMAMem = v
 	case "rdmavers":
 		switch val {
 		case "auto", "1", "2":

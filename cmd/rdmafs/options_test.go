@@ -2,9 +2,13 @@ package main
 
 import (
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/urfave/cli/v2"
 )
 
 func TestParseSource(t *testing.T) {
@@ -130,6 +134,78 @@ func TestHelp(t *testing.T) {
 	for _, c := range newApp().Commands {
 		if c.Description == "" || !strings.Contains(c.Description, "rdmafs "+c.Name) {
 			t.Errorf("%s: help lacks a description with an example", c.Name)
+		}
+	}
+}
+
+// helpText runs rdmafs with args (ending in --help) and returns what it
+// printed.
+func helpText(t *testing.T, args ...string) string {
+	t.Helper()
+	var b strings.Builder
+	app := newApp()
+	app.Writer, app.ErrWriter = &b, &b
+	if err := app.Run(append([]string{"rdmafs"}, args...)); err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return b.String()
+}
+
+// TestMountHelpDocumentsEveryOption checks that rdmafs mount --help
+// gives every flag its real default (not the flag type's zero value),
+// lists every -o option with the option parser, the exit codes, and
+// examples; and that the top-level help names the environment.
+func TestMountHelpDocumentsEveryOption(t *testing.T) {
+	help := helpText(t, "mount", "--help")
+	for _, f := range mountFlags() {
+		if vf, ok := f.(cli.VisibleFlag); ok && !vf.IsVisible() {
+			continue
+		}
+		name := f.Names()[0]
+		dash := "--"
+		if len(name) == 1 {
+			dash = "-"
+		}
+		var line string
+		for _, l := range strings.Split(help, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), dash+name+" ") || strings.HasPrefix(strings.TrimSpace(l), dash+name+",") {
+				line = l
+			}
+		}
+		if !strings.Contains(line, "(default: ") || strings.Contains(line, "(default: 0)") || strings.Contains(line, "(default: false)") {
+			t.Errorf("flag %s%s: help line %q lacks its real default", dash, name, line)
+		}
+	}
+	desc := help[strings.Index(help, "MOUNT OPTIONS"):strings.Index(help, "\nOPTIONS:")]
+	o := defaultOptions()
+	for _, opt := range []string{"proto=tcp", "port=1", "vers=4.1", "nfsvers=4.1", "rsize=4096", "wsize=4096", "timeo=1", "retrans=1",
+		"hard", "soft", "actimeo=1", "acregmin=1", "acregmax=1", "acdirmin=1", "acdirmax=1", "noac", "ac", "ro", "rw", "allow_other", "rdmavers=auto"} {
+		if err := o.set(opt); err != nil {
+			t.Errorf("option %s: %v", opt, err)
+		}
+		name, _, _ := strings.Cut(opt, "=")
+		if !regexp.MustCompile(`\b` + name + `\b`).MatchString(desc) {
+			t.Errorf("option %s is not described under MOUNT OPTIONS", name)
+		}
+	}
+	exits := help[strings.Index(help, "EXIT STATUS:"):]
+	for _, code := range []int{0, exitUsage, exitMountpoint, exitFUSE, exitServer, exitExport, exitFailure} {
+		if !regexp.MustCompile(`(?m)^\s+` + strconv.Itoa(code) + `\s+\S`).MatchString(exits) {
+			t.Errorf("exit code %d not in EXIT STATUS:\n%s", code, exits)
+		}
+	}
+	if strings.Count(help, "rdmafs mount ") < 5 || !strings.Contains(help, "fuse.rdmafs") {
+		t.Errorf("mount help lacks examples or the fstab line")
+	}
+	top := helpText(t, "--help")
+	for _, want := range []string{"ENVIRONMENT", "RDMAFS_RUN_DIR", "XDG_RUNTIME_DIR", "EXIT STATUS", "EXAMPLES"} {
+		if !strings.Contains(top, want) {
+			t.Errorf("rdmafs --help lacks %s", want)
+		}
+	}
+	for _, cmd := range []string{"umount", "stats"} {
+		if h := helpText(t, cmd, "--help"); !strings.Contains(h, "EXIT STATUS") {
+			t.Errorf("rdmafs %s --help lacks EXIT STATUS", cmd)
 		}
 	}
 }

@@ -2,9 +2,6 @@ package main
 
 import (
 	"bufio"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -29,38 +26,20 @@ type TransportStats interface {
 	Stats() map[string]any
 }
 
-// runDir holds the stats sockets: /run/rdmafs for root,
-// $XDG_RUNTIME_DIR/rdmafs for other users; RDMAFS_RUN_DIR overrides it.
-func runDir() string {
-	if d := os.Getenv("RDMAFS_RUN_DIR"); d != "" {
-		return d
-	}
-	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" && os.Geteuid() != 0 {
-		return filepath.Join(x, "rdmafs")
-	}
-	return "/run/rdmafs"
-}
-
-// statsSocket is the unix socket of the mount on dir: named by a hash of
-// the absolute mountpoint, so any path to it finds the same socket.
-func statsSocket(dir string) string {
-	sum := sha256.Sum256([]byte(filepath.Clean(dir)))
-	return filepath.Join(runDir(), hex.EncodeToString(sum[:8])+".sock")
-}
-
 type statsServer struct {
 	ln net.Listener
 }
 
 func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *atomic.Uint64) (*statsServer, error) {
-	path := statsSocket(o.Dir)
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	d, err := makeRunDir()
+	if err != nil {
 		return nil, err
 	}
+	path := filepath.Join(d, socketName(o.Dir))
 	os.Remove(path) // a stale socket of a process that died; the mountpoint check passed
 	ln, err := net.Listen("unix", path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listen: %w", err)
 	}
 	start := time.Now()
 	go func() {
@@ -92,8 +71,12 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	fmt.Fprintf(w, "fuse: lookups=%d opens=%d creates=%d readdirs=%d reads=%d read_bytes=%d writes=%d write_bytes=%d flushes=%d fsyncs=%d write_errors=%d\n",
 		s.Lookups.Load(), s.Opens.Load(), s.Creates.Load(), s.Readdirs.Load(), s.Reads.Load(), s.ReadBytes.Load(),
 		s.Writes.Load(), s.WriteBytes.Load(), s.Flushes.Load(), s.Fsyncs.Load(), s.WriteErrors.Load())
+	// User-space copies of file data, by layer (the transport's line,
+	// "bytes copied", is under transport).
+	fmt.Fprintf(w, "data copies: fuse=%d nfs=%d\n", s.BytesCopied.Load(), c.BytesCopied())
 	ops, recoveries := c.Snapshot()
 	fmt.Fprintf(w, "rpc: retransmissions=%d session_recoveries=%d\n", retrans.Load(), recoveries)
+	fmt.Fprintf(w, "callbacks: cb_recall=%d cb_notify_lock=%d\n", c.Recalls(), c.LockNotifies())
 	if ts, ok := t.(TransportStats); ok {
 		kv := ts.Stats()
 		keys := make([]string, 0, len(kv))
@@ -122,11 +105,21 @@ func statsCommand() *cli.Command {
 		Name:      "stats",
 		Usage:     "print the statistics of a running mount",
 		ArgsUsage: "/mountpoint",
-		Description: `Asks the process serving the mount (over a unix socket under /run/rdmafs)
-for its statistics: per NFS operation the count, errors, bytes sent,
-average and 99th percentile latency; retransmissions and session
-recoveries; FUSE request counts and bytes read and written; and the
-transport's own counters when it has any.
+		Description: `Asks the process serving the mount, over a unix socket, for its
+statistics: per NFS operation the count, errors, bytes sent, average and
+99th percentile latency; retransmissions and session recoveries; FUSE
+request counts and bytes read and written; and the transport's own
+counters when it has any.
+
+The socket is /run/rdmafs/HASH.sock for mounts made by root, and
+$XDG_RUNTIME_DIR/rdmafs/HASH.sock (or, without XDG_RUNTIME_DIR,
+/tmp/rdmafs-UID/HASH.sock, a directory private to the user) for mounts
+made by other users; HASH is a hash of the mountpoint. "rdmafs stats"
+looks in root's, its own user's and the mount owner's places.
+RDMAFS_RUN_DIR, when set, replaces all of them.
+
+EXIT STATUS:
+   0 printed; 1 bad usage, or no rdmafs mount on the directory.
 
 EXAMPLE:
    rdmafs stats /mnt`,
@@ -138,9 +131,9 @@ EXAMPLE:
 			if err != nil {
 				return exitf(exitUsage, err, "%v", err)
 			}
-			conn, err := net.Dial("unix", statsSocket(dir))
+			conn, err := dialStats(dir, 5*time.Second)
 			if err != nil {
-				return exitf(exitUsage, err, "no rdmafs mount on %s (%v)", dir, errors.Unwrap(err))
+				return exitf(exitUsage, err, "no rdmafs mount on %s (%v)", dir, err)
 			}
 			defer conn.Close()
 			_, err = io.Copy(os.Stdout, conn)
@@ -151,7 +144,7 @@ EXAMPLE:
 
 // servingPID asks the mount on dir for the PID of its serving process.
 func servingPID(dir string) (int, bool) {
-	conn, err := net.DialTimeout("unix", statsSocket(dir), 2*time.Second)
+	conn, err := dialStats(dir, 2*time.Second)
 	if err != nil {
 		return 0, false
 	}

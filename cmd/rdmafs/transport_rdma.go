@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/rdmafs/rdmafs/fuse"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
@@ -37,9 +38,19 @@ func dialRDMA(o *mountOptions, tr *trace.Tracer) (oncrpc.Transport, error) {
 		XChars:           true,
 		AcceptInvalidate: true,
 		DialTimeout:      o.Timeo,
+		MemoryBytes:      o.RDMAMem,
 		Tracer:           tr,
 	})
 	return rdmaTransport{t}, nil
+}
+
+// buffersOf returns the registered memory of an RDMA transport for the
+// FUSE layer's READ and WRITE buffers, or nil (TCP: ordinary memory).
+func buffersOf(t oncrpc.Transport) fuse.BufferPool {
+	if rt, ok := t.(rdmaTransport); ok {
+		return rt.Buffers()
+	}
+	return nil
 }
 
 // Stats reports the negotiated version, thresholds, credits, chunk
@@ -67,11 +78,16 @@ func (t rdmaTransport) Stats() map[string]any {
 		"dropped messages":      s.Dropped,
 		"backward calls":        s.BackwardCalls,
 		"v2 fallbacks":          s.Fallbacks,
-		"mr hits":               s.MR.Hits,
-		"mr misses":             s.MR.Misses,
-		"mr registrations":      s.MR.Registrations,
-		"mr invalidations":      s.MR.Invalidations,
-		"mr bytes registered":   s.MR.BytesRegistered,
+		"bytes copied":          s.BytesCopied,
+		"mr exposures":          s.Memory.Exposures,
+		"mr exposure reuses":    s.Memory.ExposureReuses,
+		"mr reuse rate":         fmt.Sprintf("%.2f%%", 100*s.Memory.ReuseRate()),
+		"mr fast regions":       s.Memory.FastRegions,
+		"mr live exposures":     s.Memory.LiveExposures,
+		"mr bytes registered":   s.Memory.BytesRegistered,
+		"mr bytes in use":       s.Memory.BytesInUse,
+		"mr budget":             s.Memory.BudgetBytes,
+		"mr alloc failures":     s.Memory.AllocFailures,
 	}
 	if s.PeerAnnounced {
 		m["peer rbsize"] = s.Peer.RBSize

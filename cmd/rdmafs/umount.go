@@ -25,12 +25,20 @@ written back buffered data, closed its open files on the server and
 destroyed its NFS session. Plain umount(8) and fusermount3 -u work too;
 they just do not wait.
 
+A non-root user's mount is unmounted through fusermount3 -u.
+
 EXAMPLES:
    rdmafs umount /mnt
-   rdmafs umount --lazy /mnt     # detach now, clean up when files close`,
+   rdmafs umount --lazy /mnt     # detach now, clean up when files close
+
+EXIT STATUS:
+   0   unmounted, and the serving process has finished
+   1   bad usage
+   2   not an rdmafs mount, or busy (files in use: close them or --lazy)
+   32  the unmount failed, or the serving process did not finish in --wait`,
 		Flags: []cli.Flag{
-			&cli.BoolFlag{Name: "lazy", Aliases: []string{"l"}, Usage: "detach even if files are open (MNT_DETACH)"},
-			&cli.DurationFlag{Name: "wait", Value: 60 * time.Second, Usage: "how long to wait for the serving process to finish"},
+			&cli.BoolFlag{Name: "lazy", Aliases: []string{"l"}, Usage: "detach even if files are open (MNT_DETACH, fusermount3 -z)", DefaultText: "off"},
+			&cli.DurationFlag{Name: "wait", Value: 60 * time.Second, Usage: "how long to wait for the serving process to finish (`DURATION`, as 90s or 2m)"},
 		},
 		Action: func(cctx *cli.Context) error {
 			if cctx.NArg() != 1 {

@@ -1,0 +1,13 @@
+#!/bin/bash
+# make bench-mount: fio through rdmafs against the FUSE floor (a go-fuse
+# loopback of the same directory), and with KNFSD=1 proto=rdma against
+# proto=tcp on knfsd. Prints markdown tables (test/benchmount).
+#   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+command -v fio >/dev/null || { echo "bench-mount: fio missing: run make deps" >&2; exit 1; }
+make -s build
+args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
+[ "${KNFSD:-0}" = 1 ] && args+=(-knfsd)
+exec go run ./test/benchmount "${args[@]}"
