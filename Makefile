@@ -8,16 +8,17 @@ FUZZTIME    ?= 10s
 TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
 BIN         := bin/rdmafs
 
-.PHONY: all help build test unit fuzz bench lint deps demo demo-stop clean
+.PHONY: all help build test unit fuzz bench bench-mount lint deps demo demo-stop clean
 
 all: build
 
 help:
 	@echo "make build   build $(BIN)"
-	@echo "make test    unit and integration tests (starts knfsd in qemu and nfs-ganesha)"
+	@echo "make test    make deps, then unit and integration tests (starts knfsd in qemu and nfs-ganesha)"
 	@echo "make unit    unit tests only (go test -short)"
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make bench   data-path benchmarks"
+	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; SIZE, ROUNDS)"
 	@echo "make lint    gofmt, go vet, staticcheck"
 	@echo "make deps    install the Debian packages the tests need and build the knfsd guest"
 	@echo "make demo    start knfsd, mount it over RPC-over-RDMA at ./mnt and show it working"
@@ -26,7 +27,9 @@ help:
 build:
 	$(GO) build -o $(BIN) ./cmd/rdmafs
 
-test: build
+# deps first: on a bare machine the ganesha and knfsd tests need it; once
+# everything is installed and the guest is cached it takes a second.
+test: deps build
 	$(GO) test $(TESTFLAGS) ./...
 
 unit:
@@ -43,6 +46,9 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
+
+bench-mount:
+	scripts/bench-mount.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
