@@ -18,6 +18,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // ErrShort reports that the input ended before the item being decoded.
@@ -93,9 +94,8 @@ func (e *Encoder) String(s string) {
 // are filled in later with PutUint32At.
 func (e *Encoder) Reserve(n int) int {
 	off := len(e.buf)
-	for range n {
-		e.buf = append(e.buf, 0)
-	}
+	e.buf = slices.Grow(e.buf, n)[:off+n]
+	clear(e.buf[off:])
 	return off
 }
 
