@@ -55,6 +55,9 @@ func serveConn(nc net.Conn, h CallHandler) {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				c.writeRecord(ctx, [][]byte{reply})
 				cancel()
+				if r, ok := h.(ReplyReleaser); ok {
+					r.ReleaseReply(reply)
+				}
 			}
 		}()
 	}

@@ -87,6 +87,14 @@ type CallHandler interface {
 	HandleCall(msg []byte) []byte
 }
 
+// ReplyReleaser is implemented by a CallHandler that recycles its reply
+// buffers. A server calls ReleaseReply with each reply HandleCall
+// returned once nothing of it is referenced any more: sent, copied, or
+// dropped.
+type ReplyReleaser interface {
+	ReleaseReply(reply []byte)
+}
+
 // ErrConnection marks transport errors after which a call can be retried
 // on a new connection: the connection broke, or could not be made.
 var ErrConnection = errors.New("rpc: connection failed")

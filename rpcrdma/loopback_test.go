@@ -5,14 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rdmafs/rdmafs/internal/trace"
 	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
@@ -30,7 +31,47 @@ const (
 	procSource  = 4 // returns n bytes of DDP-eligible data (like READ)
 )
 
-type echoHandler struct{ delay time.Duration }
+type echoHandler struct {
+	delay time.Duration
+	// bufs, when set, recycles reply buffers (oncrpc.ReplyReleaser),
+	// so that a benchmark measures the transport and not the
+	// handler's garbage.
+	bufs *replyBufs
+}
+
+// replyBufs recycles reply buffers: from the responder's registered
+// memory when pool is set (the RDMA Write then goes out from it, as a
+// server's does from its page cache), else from the heap.
+type replyBufs struct {
+	pool *mrcache.Pool
+	heap sync.Pool
+}
+
+func (r *replyBufs) get(n int) []byte {
+	if r.pool != nil {
+		if b, err := r.pool.Get(n); err == nil {
+			return b[:0]
+		}
+	}
+	if b, ok := r.heap.Get().(*[]byte); ok && cap(*b) >= n {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, n)
+}
+
+func (r *replyBufs) put(b []byte) {
+	if r.pool != nil && r.pool.Put(b) == nil {
+		return
+	}
+	r.heap.Put(&b)
+}
+
+// ReleaseReply gives a sent reply back to its buffers.
+func (h echoHandler) ReleaseReply(reply []byte) {
+	if h.bufs != nil {
+		h.bufs.put(reply)
+	}
+}
 
 func (h echoHandler) HandleCall(msg []byte) []byte {
 	ch, args, err := oncrpc.ParseCall(msg)
@@ -43,7 +84,12 @@ func (h echoHandler) HandleCall(msg []byte) []byte {
 	d := xdr.NewDecoder(args)
 	var e xdr.Encoder
 	if ch.Proc == procSource || ch.Proc == procEcho {
-		e.Reset(make([]byte, 0, len(args)+128+int(xdr.NewDecoder(args).Uint32())%(65<<20)))
+		n := len(args) + 128 + int(xdr.NewDecoder(args).Uint32())%(65<<20)
+		if h.bufs != nil {
+			e.Reset(h.bufs.get(n))
+		} else {
+			e.Reset(make([]byte, 0, n))
+		}
 	}
 	switch ch.Proc {
 	case procEcho:

@@ -128,6 +128,12 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 // Addr returns the listening address.
 func (s *Responder) Addr() string { return s.ln.Addr().String() }
 
+// Buffers returns the responder's registered memory. A Handler that
+// implements oncrpc.ReplyReleaser may build replies in it: the bulk data
+// of such a reply is RDMA-Written from where it lies, without a copy,
+// and the reply is released once those Writes have completed.
+func (s *Responder) Buffers() *mrcache.Pool { return s.pool }
+
 // Calls returns the number of calls handled.
 func (s *Responder) Calls() uint64 { return s.calls.Load() }
 
@@ -338,20 +344,44 @@ func (c *serverConn) postSend(op verbs.Opcode, invalidate uint32, pieces ...[]by
 func (c *serverConn) post(wr verbs.SendWR, buf []byte, n int, done func(verbs.Completion)) error {
 	sge, _ := c.s.pool.Locate(buf[:max(n, 1)])
 	sge.Length = uint32(n)
+	return c.postSGE(wr, sge, done, func() { c.s.pool.Put(buf) })
+}
+
+// postSGE posts wr with sge as its one SGE; release runs once wr has
+// completed (after done) or could not be posted.
+func (c *serverConn) postSGE(wr verbs.SendWR, sge verbs.SGE, done func(verbs.Completion), release func()) error {
 	wr.SGL = []verbs.SGE{sge}
 	c.onDone.Store(wr.WRID, func(w verbs.Completion) {
 		if done != nil {
 			done(w)
 		}
-		c.s.pool.Put(buf)
+		release()
 	})
 	if err := c.qp.PostSend(wr); err != nil {
 		if _, ok := c.onDone.LoadAndDelete(wr.WRID); ok {
-			c.s.pool.Put(buf)
+			release()
 		}
 		return err
 	}
 	return nil
+}
+
+// replyRef keeps a handler's reply alive while RDMA Writes straight
+// from it are in flight, and gives it back to the handler
+// (oncrpc.ReplyReleaser) when the last one completes. A nil replyRef
+// means the handler does not recycle replies: its data is copied.
+type replyRef struct {
+	n       atomic.Int32
+	reply   []byte
+	handler oncrpc.ReplyReleaser
+}
+
+func (r *replyRef) hold() { r.n.Add(1) }
+
+func (r *replyRef) drop() {
+	if r.n.Add(-1) == 0 {
+		r.handler.ReleaseReply(r.reply)
+	}
 }
 
 // handle serves one call message.
@@ -420,8 +450,14 @@ func (c *serverConn) handle(msg []byte) {
 	if reply == nil {
 		return
 	}
+	var ref *replyRef
+	if r, ok := c.s.cfg.Handler.(oncrpc.ReplyReleaser); ok {
+		ref = &replyRef{reply: reply, handler: r}
+		ref.hold()
+		defer ref.drop()
+	}
 	leave()
-	if err := c.sendReply(&h, call, reply); err != nil {
+	if err := c.sendReply(&h, call, reply, ref); err != nil {
 		c.tracef("xid=%#x: reply: %v", h.XID, err)
 		if errors.Is(err, ErrChunkRejected) {
 			leave()
@@ -596,7 +632,7 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 // sendReply returns reply through the chunks the call offered (RFC 8166
 // s3.5): the DDP-eligible result into the first Write chunk, then inline
 // if the rest fits, else into the Reply chunk as RDMA_NOMSG.
-func (c *serverConn) sendReply(call *Header, callMsg, reply []byte) error {
+func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRef) error {
 	// v2 s5.3: a reply has the version of its call.
 	out := Header{XID: call.XID, Vers: call.Vers, Credit: uint32(c.s.cfg.Credits), Proc: ProcMsg}
 	sendSize, remInv := c.sendParams()
@@ -614,7 +650,7 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte) error {
 				if n > chunkLen(chunk) {
 					return fmt.Errorf("%w: %d-byte result for a %d-byte Write chunk", ErrChunkRejected, n, chunkLen(chunk))
 				}
-				if err := c.rdmaWrite(chunk, reply[off:off+n], ret); err != nil {
+				if err := c.rdmaWrite(chunk, reply[off:off+n], ret, ref); err != nil {
 					return err
 				}
 				// The data and its pad leave the payload; the length
@@ -645,7 +681,7 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte) error {
 		}
 		ret := make([]Segment, len(call.Reply))
 		copy(ret, call.Reply)
-		if err := c.rdmaWrite(call.Reply, reply, ret); err != nil {
+		if err := c.rdmaWrite(call.Reply, reply, ret, nil); err != nil {
 			return err
 		}
 		out.Proc = ProcNoMsg
@@ -687,7 +723,10 @@ func (c *serverConn) singleSTag(h *Header) (uint32, bool) {
 
 // rdmaWrite writes data across chunk's segments in order and records the
 // lengths used in ret.
-func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment) error {
+func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref *replyRef) error {
+	// Data the handler built in our registered memory, and will not
+	// touch until it is released, goes out from where it is.
+	direct := ref != nil && c.s.pool.Contains(data)
 	for i, s := range chunk {
 		if len(data) == 0 {
 			ret[i].Length = 0
@@ -696,12 +735,21 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment) erro
 		n := min(int(s.Length), len(data))
 		for done := 0; done < n; {
 			k := min(n-done, rdmaPiece)
+			wr := verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpRDMAWrite, RemoteSTag: s.Handle, RemoteOffset: s.Offset + uint64(done)}
+			if direct {
+				sge, _ := c.s.pool.Locate(data[done : done+k])
+				ref.hold()
+				if err := c.postSGE(wr, sge, nil, ref.drop); err != nil {
+					return fmt.Errorf("RDMA Write: %w", err)
+				}
+				done += k
+				continue
+			}
 			buf, err := c.s.pool.GetWait(context.Background(), k)
 			if err != nil {
 				return fmt.Errorf("RDMA Write: %w", err)
 			}
 			copy(buf, data[done:done+k])
-			wr := verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpRDMAWrite, RemoteSTag: s.Handle, RemoteOffset: s.Offset + uint64(done)}
 			if err := c.post(wr, buf, k, nil); err != nil {
 				return fmt.Errorf("RDMA Write: %w", err)
 			}

@@ -45,6 +45,11 @@ type rxState struct {
 	more bool
 	pre  int
 	pf   [8 + prefetchLen]byte
+	// payload: the current FPDU's payload length; trailerIn: its
+	// trailer (and prefetch) was read together with the payload.
+	payload   int
+	trailerIn bool
+	vr        *vecReader
 }
 
 // prefetchLen is how much of the next FPDU a direct reader takes with a
@@ -77,7 +82,7 @@ func (q *QP) readFull(rs *rxState, b []byte) error {
 // receive side owns.
 func (q *QP) rxLoop() {
 	defer q.wg.Done()
-	rs := &rxState{sendMSN: 1, readMSN: 1}
+	rs := &rxState{sendMSN: 1, readMSN: 1, vr: newVecReader(q.conn)}
 	err := q.receive(rs)
 	readStatus := verbs.StatusFlushed
 	var fault *rxFault
@@ -160,6 +165,7 @@ func (q *QP) receive(rs *rxState) error {
 			rs.crc = crc32.Update(0, castagnoli, rs.hdr[:2+hl])
 		}
 		n := rs.ulen - hl
+		rs.payload = n
 		// RFC 5041 s4.2 / RFC 5040 s4.2: versions must be 1.
 		if h.ddpVer() != ddpVersion {
 			if h.tagged() {
@@ -187,13 +193,13 @@ func (q *QP) receive(rs *rxState) error {
 func (q *QP) readTrailer(rs *rxState) error {
 	pad := -(2 + rs.ulen) & 3
 	prefetch := rs.direct && rs.more
-	if prefetch {
-		if err := q.readFull(rs, rs.pf[:pad+4+prefetchLen]); err != nil {
-			return err
-		}
-		copy(rs.tail[:pad+4], rs.pf[:pad+4])
-	} else if err := q.readFull(rs, rs.tail[:pad+4]); err != nil {
+	if rs.trailerIn {
+		rs.trailerIn = false
+	} else if err := q.readFull(rs, rs.trailerBuf()); err != nil {
 		return err
+	}
+	if prefetch {
+		copy(rs.tail[:pad+4], rs.pf[:pad+4])
 	}
 	if q.crc {
 		c := crc32.Update(rs.crc, castagnoli, rs.tail[:pad])
@@ -205,6 +211,16 @@ func (q *QP) readTrailer(rs *rxState) error {
 		rs.pre = copy(rs.hdr[:], rs.pf[pad+4:pad+4+prefetchLen])
 	}
 	return nil
+}
+
+// trailerBuf is where the current FPDU's trailer is read: with the
+// start of the next FPDU's header when a direct reader's message goes on.
+func (rs *rxState) trailerBuf() []byte {
+	pad := -(2 + rs.ulen) & 3
+	if rs.direct && rs.more {
+		return rs.pf[:pad+4+prefetchLen]
+	}
+	return rs.tail[:pad+4]
 }
 
 // place reads len(dst) payload bytes into dst and folds them into the
@@ -237,7 +253,16 @@ func (q *QP) placeData(rs *rxState, dst []byte, tagged bool) error {
 			rs.direct = q.br.Buffered() == 0
 		}
 		rs.small = 0
-		if k < len(dst) {
+		switch {
+		case k == len(dst):
+		case rs.direct && len(dst) == rs.payload:
+			// The whole payload: take the trailer in the same
+			// system call (readTrailer then only checks it).
+			if err := rs.vr.fill(q.conn, dst[k:], rs.trailerBuf()); err != nil {
+				return err
+			}
+			rs.trailerIn = true
+		default:
 			if _, err := io.ReadFull(q.conn, dst[k:]); err != nil {
 				return err
 			}
