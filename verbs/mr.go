@@ -63,6 +63,10 @@ func NewProtectionDomainWithHook(hook RegistrationHook) *ProtectionDomain {
 	return pd
 }
 
+// HookOf returns the registration hook of pd (nil for a software domain),
+// so that a provider can tell its own domains.
+func HookOf(pd *ProtectionDomain) RegistrationHook { return pd.hook }
+
 // MemoryRegion is registered memory. Its STag (the iWARP name; lkey and
 // rkey in InfiniBand terms) is index<<8 | key; the 8-bit key changes on
 // every Reregister and FastRegister so a stale STag never matches again.
