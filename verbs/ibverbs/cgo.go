@@ -338,11 +338,29 @@ func Open(name string) (*Provider, error) {
 	p.maxCQE = int(attr.max_cqe)
 	p.maxRD = int(attr.max_qp_rd_atom)
 	p.maxIRD = int(attr.max_qp_init_rd_atom)
+	raiseMemlock()
 	p.pd = C.ibv_alloc_pd(p.ctx)
 	if p.pd == nil {
 		return nil, fmt.Errorf("ibverbs: ibv_alloc_pd on %s: %w", info.Name, syscall.Errno(C.errno_of()))
 	}
 	return p, nil
+}
+
+// raiseMemlock lifts the locked-memory limit as far as allowed: every
+// registration pins pages, a per-call registration pins slab pages a
+// second time, and some drivers (siw) count pins against RLIMIT_MEMLOCK
+// even for root.
+func raiseMemlock() {
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) != nil {
+		return
+	}
+	inf := unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}
+	if unix.Setrlimit(unix.RLIMIT_MEMLOCK, &inf) == nil {
+		return
+	}
+	lim.Cur = lim.Max
+	_ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &lim)
 }
 
 // Close releases the protection domain. Queue pairs and regions must be
@@ -432,7 +450,11 @@ func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
 	// verbs.FastRegister), so it too names only slab memory.
 	m := C.reg_mr(h.p.pd, C.uintptr_t(addr), C.size_t(len(buf)), ibvAccess(access))
 	if m == nil {
-		return 0, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w", len(buf), syscall.Errno(C.errno_of()))
+		errno := syscall.Errno(C.errno_of())
+		if errno == syscall.ENOMEM {
+			return 0, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w (locked-memory limit: raise ulimit -l or lower rdmamem)", len(buf), errno)
+		}
+		return 0, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w", len(buf), errno)
 	}
 	r := &hwMR{mr: m, addr: addr, size: uint64(len(buf)), lkey: uint32(m.lkey), rkey: uint32(m.rkey)}
 	h.mu.Lock()
