@@ -383,7 +383,7 @@ type Registration struct {
 	mr     *verbs.MemoryRegion
 	live   bool
 	STag   uint32
-	Offset uint64 // the advertised offset of the first byte (the window starts at 0)
+	Offset uint64 // the advertised offset of the first byte (0, or its address with a hardware provider)
 	Len    int
 }
 
@@ -429,7 +429,7 @@ func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
 	}
 	p.stats.LiveExposures++
 	p.mu.Unlock()
-	r.STag, r.Offset, r.Len, r.live = stag, 0, len(b), true
+	r.STag, r.Offset, r.Len, r.live = stag, r.mr.RemoteAddr(), len(b), true
 	return r, nil
 }
 

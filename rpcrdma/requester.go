@@ -102,6 +102,9 @@ func NewTransport(addr string, cfg Config) *Transport {
 		cfg.DialTimeout = 30 * time.Second
 	}
 	pd := verbs.NewProtectionDomain()
+	if dp, ok := cfg.Provider.(verbs.DomainProvider); ok {
+		pd = dp.NewProtectionDomain()
+	}
 	t := &Transport{cfg: cfg, addr: addr, pd: pd, pool: mrcache.New(pd, cfg.MemoryBytes)}
 	// A call exposes up to three buffers (Read chunk, Write chunk,
 	// Reply chunk); most expose one. Regions beyond these are made on

@@ -111,6 +111,9 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 		cfg.MaxRecv = 64 << 10
 	}
 	pd := verbs.NewProtectionDomain()
+	if dp, ok := cfg.Provider.(verbs.DomainProvider); ok {
+		pd = dp.NewProtectionDomain()
+	}
 	s := &Responder{cfg: cfg, pd: pd, pool: mrcache.New(pd, 256<<20), conns: make(map[*serverConn]struct{})}
 	ours := PrivateData{Version: privDataVersion, RemoteInvalidate: false, InlineSend: cfg.InlineSend, InlineRecv: cfg.InlineRecv}
 	// Receive buffers are posted in Setup, before the connection is

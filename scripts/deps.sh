@@ -11,6 +11,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PKGS=(
   fuse3
+  libibverbs-dev librdmacm-dev ibverbs-providers rdma-core   # verbs/ibverbs (cgo) and the guest rxe/siw tests
   nfs-ganesha nfs-ganesha-vfs nfs-ganesha-mem
   qemu-system-x86 busybox-static python3 binutils gcc make xz-utils zstd
   util-linux   # flock; setpriv and unshare (tests as an ordinary user, without /dev/fuse)

@@ -13,11 +13,27 @@ const maxIndex = 1 << 24
 // (verbs/ibverbs) mirror the registrations of a ProtectionDomain. Each
 // method returns the STag the hardware assigned. The pure-Go provider needs
 // no hook.
+//
+// The methods run with the domain's lock held: they read the region
+// through HookBytes, HookAccess and IsFast, never through the locking
+// accessors. Register of a fast-registration region may return STag 0
+// ("no key yet"): such a region gets its key from Reregister
+// (FastRegister). Hardware assigns STag indexes itself and may reuse the
+// index of an invalidated region; the domain then forgets the stale
+// region's index.
 type RegistrationHook interface {
 	Register(mr *MemoryRegion) (stag uint32, err error)
 	Reregister(mr *MemoryRegion) (stag uint32, err error)
 	Invalidate(mr *MemoryRegion) error
 	Deregister(mr *MemoryRegion) error
+}
+
+// RemoteAddresser is implemented by a RegistrationHook whose hardware
+// names the first byte of a region by an address other than 0 (ibv_reg_mr
+// regions are addressed by virtual address). It runs with the domain's
+// lock held.
+type RemoteAddresser interface {
+	RemoteAddr(mr *MemoryRegion) uint64
 }
 
 // ProtectionDomain owns memory regions and the queue pairs that may use
@@ -46,6 +62,10 @@ func NewProtectionDomainWithHook(hook RegistrationHook) *ProtectionDomain {
 	pd.hook = hook
 	return pd
 }
+
+// HookOf returns the registration hook of pd (nil for a software domain),
+// so that a provider can tell its own domains.
+func HookOf(pd *ProtectionDomain) RegistrationHook { return pd.hook }
 
 // MemoryRegion is registered memory. Its STag (the iWARP name; lkey and
 // rkey in InfiniBand terms) is index<<8 | key; the 8-bit key changes on
@@ -111,10 +131,11 @@ func (pd *ProtectionDomain) addLocked(mr *MemoryRegion) error {
 		if err != nil {
 			return err
 		}
-		if pd.regions[stag>>8] != nil {
-			return fmt.Errorf("provider reused STag index %#x", stag>>8)
-		}
 		mr.stag = stag
+		if stag == 0 {
+			return nil // no key yet: indexed when Reregister gives one
+		}
+		return pd.indexLocked(mr)
 	} else {
 		idx, err := pd.allocIndex()
 		if err != nil {
@@ -124,6 +145,26 @@ func (pd *ProtectionDomain) addLocked(mr *MemoryRegion) error {
 	}
 	pd.regions[mr.stag>>8] = mr
 	return nil
+}
+
+// indexLocked records mr under its hardware-assigned STag index. An
+// invalid region holding the index is forgotten (its key is dead and the
+// hardware reused the index); a valid one is an error.
+func (pd *ProtectionDomain) indexLocked(mr *MemoryRegion) error {
+	if other := pd.regions[mr.stag>>8]; other != nil && other != mr {
+		if other.valid {
+			return fmt.Errorf("provider reused STag index %#x of a valid region", mr.stag>>8)
+		}
+	}
+	pd.regions[mr.stag>>8] = mr
+	return nil
+}
+
+// unindexLocked forgets mr's STag index if mr holds it.
+func (pd *ProtectionDomain) unindexLocked(mr *MemoryRegion) {
+	if pd.regions[mr.stag>>8] == mr {
+		delete(pd.regions, mr.stag>>8)
+	}
 }
 
 // allocIndex finds a free STag index; called with pd.mu held.
@@ -381,11 +422,11 @@ func (mr *MemoryRegion) rekeyLocked(access Access) (uint32, error) {
 		if err != nil {
 			return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
 		}
-		if stag>>8 != old>>8 {
-			delete(mr.pd.regions, old>>8)
-			mr.pd.regions[stag>>8] = mr
-		}
+		mr.pd.unindexLocked(mr)
 		mr.stag = stag
+		if err := mr.pd.indexLocked(mr); err != nil {
+			return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
+		}
 	} else {
 		mr.stag = old&^0xff | (old+1)&0xff
 	}
@@ -422,6 +463,31 @@ func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, ac
 	return mr.rekeyLocked(access)
 }
 
+// RemoteAddr returns the address a peer names the region's first byte by
+// (with RemoteOffset in an RDMA Read or Write): 0 for the pure-Go
+// provider's zero-based regions, the virtual address for hardware that
+// registers by address (see RemoteAddresser).
+func (mr *MemoryRegion) RemoteAddr() uint64 {
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	if ra, ok := mr.pd.hook.(RemoteAddresser); ok && mr.valid {
+		return ra.RemoteAddr(mr)
+	}
+	return 0
+}
+
+// HookBytes is for RegistrationHook implementations (called with the
+// domain's lock held): the memory the region names now.
+func (mr *MemoryRegion) HookBytes() []byte { return mr.buf }
+
+// HookAccess is for RegistrationHook implementations (called with the
+// domain's lock held): the region's access rights.
+func (mr *MemoryRegion) HookAccess() Access { return mr.access }
+
+// IsFast reports whether the region was made by AllocFastReg. It does not
+// lock (the property never changes).
+func (mr *MemoryRegion) IsFast() bool { return mr.fast }
+
 // Offset returns where a fast-registration region's memory starts in the
 // region it is bound to.
 func (mr *MemoryRegion) Offset() uint64 {
@@ -451,6 +517,6 @@ func (mr *MemoryRegion) Deregister() error {
 	}
 	mr.dead = true
 	mr.buf, mr.parent = nil, nil
-	delete(mr.pd.regions, mr.stag>>8)
+	mr.pd.unindexLocked(mr)
 	return nil
 }

@@ -300,6 +300,14 @@ type Provider interface {
 	Listen(addr string, p *ConnParams) (Listener, error)
 }
 
+// DomainProvider is implemented by a Provider whose memory regions must be
+// registered with its device (verbs/ibverbs): a transport makes its
+// protection domain with NewProtectionDomain instead of the package-level
+// NewProtectionDomain, before it registers any memory.
+type DomainProvider interface {
+	NewProtectionDomain() *ProtectionDomain
+}
+
 // Sentinel errors; test them with errors.Is.
 var (
 	// ErrRejected: the peer rejected the connection request.

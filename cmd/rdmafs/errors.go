@@ -10,6 +10,8 @@ import (
 
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/ibverbs"
 )
 
 // Exit codes of rdmafs mount (also documented in README.md).
@@ -53,6 +55,8 @@ func classifyDial(err error, o *mountOptions, wait time.Duration) *exitError {
 		return exitf(exitExport, err, "export %s not found on %s", o.Export, o.Server)
 	case errors.Is(err, nfsclient.ErrAccess), errors.Is(err, nfsclient.ErrPerm), errors.Is(err, nfsclient.ErrWrongSec), errors.Is(err, oncrpc.ErrDenied):
 		return exitf(exitExport, err, "access to export %s on %s denied", o.Export, o.Server)
+	case errors.Is(err, ibverbs.ErrUnreachable), errors.Is(err, ibverbs.ErrWrongDevice), errors.Is(err, verbs.ErrRejected):
+		return exitf(exitServer, err, "cannot reach NFS server %s over RDMA: %v", addr, err)
 	case errors.Is(err, oncrpc.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return exitf(exitServer, err, "no reply from NFS server %s within %v (timeo=%d, retrans=%d)", addr, wait.Round(time.Second), o.Timeo/(100*time.Millisecond), o.Retrans)
 	}

@@ -91,6 +91,11 @@ which override -o):
    allow_other           let other users use the mount (default off)
    rdmavers=auto|1|2     RPC-over-RDMA version with proto=rdma (default
                          auto: offer version 2, fall back to 1)
+   rdmadev=NAME          verbs provider with proto=rdma: an RDMA device
+                         (mlx5_0, rxe0, siw0: rdma-core) or iwarp-go (pure
+                         Go over TCP); default: rdma-core on the first
+                         device with an active port if /sys/class/infiniband
+                         lists one, else iwarp-go
    rdmamem=BYTES         registered memory with proto=rdma, K/M/G suffix,
                          4M to 64G (default 64M): READ data lands in it and
                          WRITE data leaves from it; calls beyond it copy

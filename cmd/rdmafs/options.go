@@ -34,6 +34,10 @@ type mountOptions struct {
 	// RDMAMem bounds the registered memory of a proto=rdma mount: the
 	// buffers READ data lands in and WRITE data leaves from.
 	RDMAMem int64
+	// RDMADev forces the verbs provider of a proto=rdma mount: an RDMA
+	// device name (rdma-core provider) or "iwarp-go" (pure Go); empty
+	// picks rdma-core when the machine has an RDMA device.
+	RDMADev string
 }
 
 // Default ports: NFS over TCP (RFC 7530 s3.1) and over RDMA (RFC 8267
@@ -228,6 +232,11 @@ func (o *mountOptions) set(opt string) error {
 			return fmt.Errorf("option rdmamem=%s: want 4M to 64G", val)
 		}
 		o.RDMAMem = v
+	case "rdmadev":
+		if val == "" {
+			return fmt.Errorf("option rdmadev: want a device name (e.g. mlx5_0, rxe0) or iwarp-go")
+		}
+		o.RDMADev = val
 	case "rdmavers":
 		switch val {
 		case "auto", "1", "2":

@@ -209,3 +209,22 @@ func TestMountHelpDocumentsEveryOption(t *testing.T) {
 		}
 	}
 }
+
+func TestRDMADevOption(t *testing.T) {
+	o := defaultOptions()
+	if err := o.parseOptionList("proto=rdma,rdmadev=rxe0"); err != nil || o.RDMADev != "rxe0" {
+		t.Fatalf("rdmadev=rxe0: %v %q", err, o.RDMADev)
+	}
+	if err := o.parseOptionList("rdmadev="); err == nil {
+		t.Fatal("empty rdmadev accepted")
+	}
+	o.RDMADev = "iwarp-go"
+	p, desc, inv, closer, err := rdmaProvider(&o)
+	if err != nil || p == nil || closer != nil || !inv || desc == "" {
+		t.Fatalf("rdmadev=iwarp-go: %v %q %v", err, desc, inv)
+	}
+	o.RDMADev = "no_such_dev0"
+	if _, _, _, _, err := rdmaProvider(&o); err == nil || !strings.Contains(err.Error(), "rdmadev=no_such_dev0") {
+		t.Fatalf("missing device: %v", err)
+	}
+}

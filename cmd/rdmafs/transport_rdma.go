@@ -7,6 +7,8 @@ import (
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/ibverbs"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
@@ -14,13 +16,42 @@ import (
 // with its counters in the form "rdmafs stats" prints.
 type rdmaTransport struct {
 	*rpcrdma.Transport
+	provider string       // which verbs provider and device
+	closer   func() error // releases the provider's device (nil: nothing)
+}
+
+// Close ends the transport and releases the provider's device.
+func (t rdmaTransport) Close() error {
+	err := t.Transport.Close()
+	if t.closer != nil {
+		_ = t.closer()
+	}
+	return err
+}
+
+// rdmaProvider picks the verbs provider (the rdmadev option): rdma-core
+// when the machine has an RDMA device or one is named, else pure Go. It
+// reports the provider's description, whether the peer may use Send With
+// Invalidate, and how to release it.
+func rdmaProvider(o *mountOptions) (verbs.Provider, string, bool, func() error, error) {
+	if o.RDMADev == "iwarp-go" || (o.RDMADev == "" && !ibverbs.Available(ibverbs.SysfsRoot)) {
+		return &iwarp.Provider{}, "iwarp-go (pure Go iWARP over TCP)", true, nil, nil
+	}
+	p, err := ibverbs.Open(o.RDMADev)
+	if err != nil {
+		if o.RDMADev == "" {
+			return nil, "", false, nil, fmt.Errorf("proto=rdma: %w (rdmadev=iwarp-go uses the pure-Go provider)", err)
+		}
+		return nil, "", false, nil, fmt.Errorf("rdmadev=%s: %w", o.RDMADev, err)
+	}
+	return p, p.String(), p.RemoteInvalidate(), p.Close, nil
 }
 
 var _ oncrpc.Transport = rdmaTransport{}
 var _ TransportStats = rdmaTransport{}
 
-// dialRDMA makes the RPC-over-RDMA transport over the pure-Go iWARP
-// provider. It connects on the first call.
+// dialRDMA makes the RPC-over-RDMA transport over the provider
+// rdmaProvider picks. It connects on the first call.
 func dialRDMA(o *mountOptions, tr *trace.Tracer) (oncrpc.Transport, error) {
 	vers := 0
 	switch o.RDMAVers {
@@ -32,16 +63,23 @@ func dialRDMA(o *mountOptions, tr *trace.Tracer) (oncrpc.Transport, error) {
 	default:
 		return nil, fmt.Errorf("rdmavers=%s: want auto, 1 or 2", o.RDMAVers)
 	}
+	prov, desc, remInv, closer, err := rdmaProvider(o)
+	if err != nil {
+		return nil, err
+	}
+	if tr.On(trace.Verbs) {
+		tr.Printf(trace.Verbs, "provider %s, remote invalidation %v", desc, remInv)
+	}
 	t := rpcrdma.NewTransport(o.addr(), rpcrdma.Config{
-		Provider:         &iwarp.Provider{},
+		Provider:         prov,
 		Version:          vers,
 		XChars:           true,
-		AcceptInvalidate: true,
+		AcceptInvalidate: remInv,
 		DialTimeout:      o.Timeo,
 		MemoryBytes:      o.RDMAMem,
 		Tracer:           tr,
 	})
-	return rdmaTransport{t}, nil
+	return rdmaTransport{Transport: t, provider: desc, closer: closer}, nil
 }
 
 // buffersOf returns the registered memory of an RDMA transport for the
@@ -64,6 +102,7 @@ func (t rdmaTransport) Stats() map[string]any {
 	}
 	m := map[string]any{
 		"rdma version":          version,
+		"rdma provider":         t.provider,
 		"inline send threshold": s.InlineSend,
 		"inline recv threshold": s.InlineRecv,
 		"credits granted":       s.Credits,

@@ -27,6 +27,14 @@
 #   KPEER_SIW_PARAMS=1|0       patch siw's compile-time consts into module params
 #                              (default 1; defaults are unchanged)
 #   KPEER_REBUILD=1            force rebuilding the build cache
+#   KPEER_EXTRA_MODS="m ..."   more kernel modules (with their dependencies) from the
+#                              guest kernel's package, loaded by /init after the base
+#                              set (e.g. "rdma_rxe ib_uverbs rdma_ucm fuse"); cached in
+#                              the build dir, one cpio per module list
+#   KPEER_EXTRA="file ..."     host executables copied to the guest's /usr/local/bin,
+#                              with their shared libraries (ldd) in /lib/x86_64-linux-gnu
+#   KPEER_EXTRA_RDMA_USER=1    also copy the host's rdma-core userspace: libibverbs,
+#                              librdmacm, the rxe/siw provider libraries, /etc/libibverbs.d
 #   KPEER_WATCH_PID=PID        kill the qemu when process PID exits (used by the Go
 #                              harness so a killed test binary leaves no qemu behind)
 set -euo pipefail
@@ -190,6 +198,38 @@ fi
 KERNEL=$B/stage/boot/vmlinuz-$KVER
 if [ ! -s "$KERNEL" ] || [ ! -s "$B/base.cpio" ]; then die "build cache $B incomplete; rerun with KPEER_REBUILD=1"; fi
 
+# Optional extra kernel modules (KPEER_EXTRA_MODS), in a cpio of their own
+# so the base cache stays as it is.
+XCPIO=""
+if [ -n "${KPEER_EXTRA_MODS:-}" ]; then
+  XKEY=$(echo "$KPEER_EXTRA_MODS" | tr ' ' '\n' | grep . | LC_ALL=C sort -u | tr '\n' '+')
+  XCPIO=$B/extra-mods-${XKEY%+}.cpio
+  if [ "$REBUILD" = 1 ] || [ ! -s "$XCPIO" ]; then
+    msg "extra modules: $KPEER_EXTRA_MODS"
+    X=$B/xmods
+    rm -rf "$X"; mkdir -p "$X/debs" "$X/stage" "$X/root/etc/kpeer" "$X/root/lib/modules/$KVER/extra"
+    chmod 777 "$X/debs"
+    ( cd "$X/debs" && apt-get download -q "linux-image-$KVER" >&2 ) \
+      || { apt-get update "${APT_OPTS[@]}" >&2; ( cd "$X/debs" && apt-get download -q "linux-image-$KVER" >&2 ); }
+    dpkg-deb -x "$X"/debs/linux-image-*.deb "$X/stage"
+    # shellcheck disable=SC2086  # module list
+    XMODS=$(python3 "$HERE/tools/closure.py" mods "$X/stage/lib/modules/$KVER" $KPEER_EXTRA_MODS)
+    : > "$X/root/etc/kpeer/extra-modules.order"
+    for m in $XMODS; do
+      k=$(basename "$m"); k=${k%.xz}; k=${k%.zst}
+      case "$m" in
+        *.ko.xz) xz -dc "$m" > "$X/root/lib/modules/$KVER/extra/$k" ;;
+        *.ko.zst) zstd -qdc "$m" > "$X/root/lib/modules/$KVER/extra/$k" ;;
+        *) cp "$m" "$X/root/lib/modules/$KVER/extra/$k" ;;
+      esac
+      echo "/lib/modules/$KVER/extra/$k" >> "$X/root/etc/kpeer/extra-modules.order"
+    done
+    ( cd "$X/root" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null ) > "$XCPIO.tmp"
+    mv "$XCPIO.tmp" "$XCPIO"
+    rm -rf "$X"
+  fi
+fi
+
 if [ "$BUILD_ONLY" = 1 ]; then
   exec 9>&-
   msg "build only: cache ready in $B"
@@ -204,8 +244,33 @@ rm -rf "$OV"
 mkdir -p "$OV/etc"
 cp "$HERE/guest/exports" "$HERE/guest/hosts" "$HERE/guest/nsswitch.conf" "$OV/etc/"
 cp "$HERE/guest/init" "$OV/init"; chmod 755 "$OV/init"
+# Host executables and rdma-core userspace (KPEER_EXTRA, KPEER_EXTRA_RDMA_USER).
+copy_libs() { # ELF files -> their shared libraries into the overlay
+  local l
+  for l in $(ldd "$@" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u); do
+    cp -L "$l" "$OV/lib/x86_64-linux-gnu/$(basename "$l")"
+  done
+}
+if [ -n "${KPEER_EXTRA:-}" ] || [ "${KPEER_EXTRA_RDMA_USER:-0}" = 1 ]; then
+  mkdir -p "$OV/usr/local/bin" "$OV/lib/x86_64-linux-gnu"
+  for f in ${KPEER_EXTRA:-}; do
+    [ -f "$f" ] || die "KPEER_EXTRA: no file $f"
+    cp "$f" "$OV/usr/local/bin/"
+    copy_libs "$f"
+  done
+  if [ "${KPEER_EXTRA_RDMA_USER:-0}" = 1 ]; then
+    PDIR=/usr/lib/x86_64-linux-gnu/libibverbs
+    [ -d "$PDIR" ] && [ -d /etc/libibverbs.d ] || die "KPEER_EXTRA_RDMA_USER: install ibverbs-providers on the host"
+    mkdir -p "$OV$PDIR" "$OV/etc/libibverbs.d"
+    cp /etc/libibverbs.d/rxe.driver /etc/libibverbs.d/siw.driver "$OV/etc/libibverbs.d/"
+    cp -L "$PDIR"/librxe-rdmav*.so "$PDIR"/libsiw-rdmav*.so "$OV$PDIR/"
+    copy_libs "$PDIR"/librxe-rdmav*.so "$PDIR"/libsiw-rdmav*.so \
+      /usr/lib/x86_64-linux-gnu/libibverbs.so.1 /usr/lib/x86_64-linux-gnu/librdmacm.so.1
+    cp -L /usr/lib/x86_64-linux-gnu/libibverbs.so.1 /usr/lib/x86_64-linux-gnu/librdmacm.so.1 "$OV/lib/x86_64-linux-gnu/"
+  fi
+fi
 cp "$KERNEL" "$R/vmlinuz"
-{ cat "$B/base.cpio"; ( cd "$OV" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null ); } > "$R/initrd.cpio"
+{ cat "$B/base.cpio"; [ -z "$XCPIO" ] || cat "$XCPIO"; ( cd "$OV" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null ); } > "$R/initrd.cpio"
 rm -rf "$OV"
 exec 9>&-   # release the build lock; qemu must not inherit it
 
