@@ -2,6 +2,7 @@
 # make bench-mount: fio through rdmafs against the FUSE floor (a go-fuse
 # loopback of the same directory), and with KNFSD=1 proto=rdma against
 # proto=tcp on knfsd. Prints markdown tables (test/benchmount).
+# RPCS=1 counts COMPOUNDs per entry of tar x, ls -l and rm -rf instead.
 #   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,4 +11,5 @@ command -v fio >/dev/null || { echo "bench-mount: fio missing: run make deps" >&
 make -s build
 args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
 [ "${KNFSD:-0}" = 1 ] && args+=(-knfsd)
+[ "${RPCS:-0}" = 1 ] && args+=(-rpcs)
 exec go run ./test/benchmount "${args[@]}"

@@ -8,9 +8,11 @@
 // sequential write and read with O_DIRECT, 4 KiB random read with
 // O_DIRECT, and buffered sequential write and read of a large file. With
 // -knfsd it also starts knfsd in the qemu guest and compares proto=tcp
-// with proto=rdma against it.
+// with proto=rdma against it. With -rpcs it instead counts the COMPOUNDs
+// per entry that tar x, ls -l and rm -rf take, each on a fresh mount
+// (the round trips the Linux client's OPEN+WRITE+CLOSE set the bar for).
 //
-//	go run ./test/benchmount -rdmafs bin/rdmafs [-knfsd] [-size 1024]
+//	go run ./test/benchmount -rdmafs bin/rdmafs [-knfsd] [-size 1024] [-rpcs]
 //
 // Figures are MB/s as fio reports them; the ratio is rdmafs over the
 // floor (or rdma over tcp). The machine is shared and noisy: each pair
@@ -177,6 +179,7 @@ func main() {
 	knfsd := flag.Bool("knfsd", false, "also compare proto=tcp with proto=rdma against knfsd in the qemu guest")
 	size := flag.Int("size", 1024, "file size in MiB (ganesha); knfsd's tmpfs export takes at most 128")
 	rounds := flag.Int("rounds", 1, "repetitions of each pair (the median is printed)")
+	rpcs := flag.Bool("rpcs", false, "instead of fio: count the COMPOUNDs per entry of tar x, ls -l and rm -rf against ganesha")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := exec.LookPath("fio"); err != nil {
@@ -195,6 +198,14 @@ func main() {
 		log.Fatalf("benchmount: start ganesha: %v", err)
 	}
 	port := g.Addr[strings.LastIndexByte(g.Addr, ':')+1:]
+	if *rpcs {
+		steps, err := measureRPCs(abs, "127.0.0.1:"+g.Export, g.Dir, "port="+port)
+		if err != nil {
+			log.Fatalf("benchmount: %v", err)
+		}
+		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine), each workload on a fresh mount", steps)
+		return
+	}
 	nfsDir, umountNFS, err := mountRdmafs(abs, "127.0.0.1:"+g.Export, "port="+port)
 	if err != nil {
 		log.Fatalf("benchmount: %v", err)
