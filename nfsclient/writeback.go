@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -15,6 +16,11 @@ import (
 // write verifier. A different verifier means the server may have lost
 // the data (it rebooted), so the writes are sent again (RFC 8881
 // s18.32.3, s18.3.3).
+//
+// Writes to overlapping ranges reach the server in the order WriteAt
+// was called: a piece waits until no write in flight overlaps it, since
+// two WRITEs in flight at once may be executed in either order (RFC 8881
+// s2.10.6.1: slots impose no ordering between requests).
 type UnstableWriter struct {
 	c    *Client
 	cred oncrpc.Credential
@@ -28,7 +34,13 @@ type UnstableWriter struct {
 	pending []pendingWrite
 	err     error // first write error, reported by Flush and Commit
 	resent  int   // writes sent again after a verifier change
+	seq     uint64
+	flying  []span        // byte ranges of the writes in flight
+	landed  chan struct{} // closed when a write in flight completes
 }
+
+// span is the byte range [off, end) of a write in flight.
+type span struct{ off, end uint64 }
 
 // Resent returns how many writes were sent again because a COMMIT
 // returned a different write verifier.
@@ -43,6 +55,7 @@ type pendingWrite struct {
 	data []byte
 	verf Verifier
 	buf  *bufRef
+	seq  uint64 // order of the WriteAt piece it belongs to
 }
 
 // bufRef counts the pieces of one WriteAt still in use; the caller's
@@ -82,19 +95,27 @@ func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64, r
 	for len(data) > 0 {
 		n := min(len(data), w.c.wsize)
 		piece := data[:n]
-		select {
-		case w.sem <- struct{}{}:
-		case <-ctx.Done():
+		seq, err := w.reserve(ctx, off, off+uint64(n))
+		if err == nil {
+			select {
+			case w.sem <- struct{}{}:
+			case <-ctx.Done():
+				w.unreserve(off, off+uint64(n))
+				err = ctx.Err()
+			}
+		}
+		if err != nil {
 			for range (len(data) + w.c.wsize - 1) / w.c.wsize {
 				ref.done()
 			}
-			return ctx.Err()
+			return err
 		}
 		w.wg.Add(1)
 		go func(off uint64) {
 			defer w.wg.Done()
 			defer func() { <-w.sem }()
-			err := w.write(ctx, off, piece, Unstable, ref)
+			defer w.unreserve(off, off+uint64(len(piece)))
+			err := w.write(ctx, off, piece, Unstable, ref, seq)
 			if err != nil {
 				w.mu.Lock()
 				if w.err == nil {
@@ -109,10 +130,59 @@ func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64, r
 	return w.firstErr()
 }
 
+// reserve waits until no write in flight overlaps [off, end), then
+// records the range as in flight and returns the piece's sequence number.
+func (w *UnstableWriter) reserve(ctx context.Context, off, end uint64) (uint64, error) {
+	w.mu.Lock()
+	for w.overlapsLocked(off, end) {
+		if w.landed == nil {
+			w.landed = make(chan struct{})
+		}
+		landed := w.landed
+		w.mu.Unlock()
+		select {
+		case <-landed:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		w.mu.Lock()
+	}
+	w.flying = append(w.flying, span{off, end})
+	w.seq++
+	seq := w.seq
+	w.mu.Unlock()
+	return seq, nil
+}
+
+func (w *UnstableWriter) overlapsLocked(off, end uint64) bool {
+	for _, s := range w.flying {
+		if off < s.end && s.off < end {
+			return true
+		}
+	}
+	return false
+}
+
+// unreserve ends the flight of [off, end) and wakes the writes waiting.
+func (w *UnstableWriter) unreserve(off, end uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, s := range w.flying {
+		if s == (span{off, end}) {
+			w.flying = append(w.flying[:i], w.flying[i+1:]...)
+			break
+		}
+	}
+	if w.landed != nil {
+		close(w.landed)
+		w.landed = nil
+	}
+}
+
 // write sends one WRITE, repeating it for a short count, and remembers
 // unstable data for the next COMMIT. ref counts data as one piece: it is
 // done when no part of data is pending any more.
-func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, stable Stable, ref *bufRef) error {
+func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, stable Stable, ref *bufRef, seq uint64) error {
 	kept := false
 	for len(data) > 0 {
 		res, err := w.c.Write(ctx, w.cred, w.fh, w.sid, off, data, stable)
@@ -135,7 +205,7 @@ func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, sta
 			}
 			kept = true
 			w.mu.Lock()
-			w.pending = append(w.pending, pendingWrite{off: off, data: done, verf: res.Verifier, buf: ref})
+			w.pending = append(w.pending, pendingWrite{off: off, data: done, verf: res.Verifier, buf: ref, seq: seq})
 			w.mu.Unlock()
 		}
 		data = data[res.Count:]
@@ -180,24 +250,28 @@ func (w *UnstableWriter) Commit(ctx context.Context) error {
 			w.mu.Unlock()
 			return fmt.Errorf("commit: %w", err)
 		}
-		var resend []pendingWrite
+		changed := false
 		for _, p := range pending {
-			if p.verf != verf {
-				resend = append(resend, p)
-			} else {
+			changed = changed || p.verf != verf
+		}
+		if !changed {
+			for _, p := range pending {
 				p.buf.done() // committed: the data is no longer needed
 			}
-		}
-		if len(resend) == 0 {
 			return nil
 		}
+		// Some data may be lost: send everything uncommitted again, in
+		// the order it was first written, so that a write the server
+		// kept is not overwritten by an older, overlapping one it lost.
+		resend := pending
+		sort.SliceStable(resend, func(i, j int) bool { return resend[i].seq < resend[j].seq })
 		w.c.trace("COMMIT verifier changed: resending %d writes", len(resend))
 		w.mu.Lock()
 		w.resent += len(resend)
 		w.mu.Unlock()
 		for i, p := range resend {
 			// The piece is resent FILE_SYNC; write counts it done.
-			if err := w.write(ctx, p.off, p.data, FileSync, p.buf); err != nil {
+			if err := w.write(ctx, p.off, p.data, FileSync, p.buf, p.seq); err != nil {
 				for _, q := range resend[i+1:] {
 					q.buf.done()
 				}
