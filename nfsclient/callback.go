@@ -330,3 +330,11 @@ func (c *Client) delegReturn(ctx context.Context, sid StateID, fh []byte) error 
 	}
 	return nil
 }
+
+// forgetDelegations drops every delegation: the server that granted them
+// restarted and has forgotten them (RFC 8881 s10.2.1).
+func (s *callbackServer) forgetDelegations() {
+	s.mu.Lock()
+	s.delegs = make(map[StateID][]byte)
+	s.mu.Unlock()
+}

@@ -14,6 +14,8 @@ type Stats struct {
 	mu         sync.Mutex
 	ops        map[string]*opStats
 	recoveries atomic.Int64
+
+	reclaimedOpens, reclaimedLocks, lostOpens atomic.Uint64
 	copied     atomic.Uint64 // READ data bytes copied from replies into destinations
 }
 
