@@ -84,10 +84,10 @@ type Client struct {
 	needReclaim bool // a new client ID was made while opens were held
 
 	// Server restart recovery (recovery.go).
-	epoch   atomic.Uint64                  // counts client IDs: stateids belong to one
+	epoch   atomic.Uint64                 // counts client IDs: stateids belong to one
 	gate    atomic.Pointer[chan struct{}] // closed when the running recovery ends
-	stateMu sync.Mutex                     // guards opens
-	opens   map[[12]byte]*OpenFile         // by every stateid "other" an open had
+	stateMu sync.Mutex                    // guards opens
+	opens   map[[12]byte]*OpenFile        // by every stateid "other" an open had
 
 	rootFH []byte
 	lease  time.Duration

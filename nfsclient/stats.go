@@ -16,7 +16,7 @@ type Stats struct {
 	recoveries atomic.Int64
 
 	reclaimedOpens, reclaimedLocks, lostOpens atomic.Uint64
-	copied     atomic.Uint64 // READ data bytes copied from replies into destinations
+	copied                                    atomic.Uint64 // READ data bytes copied from replies into destinations
 }
 
 // BytesCopied returns how many READ data bytes the client copied from
