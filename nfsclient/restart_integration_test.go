@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -19,12 +20,30 @@ import (
 // writes the new write verifier says may be lost, and the application's
 // calls go on without an error.
 
+// dialHard is dial with a hard mount's RPC options, rdmafs's default: a
+// soft client gives up after a few refused connections while the server
+// restarts (oncrpc counts each as a transmission).
+func dialHard(t *testing.T, p peer, topts oncrpc.TCPOptions) *Client {
+	t.Helper()
+	c, err := Dial(testCtx(t), Config{Transport: p.transport(topts), Tracer: testTracer(), Export: p.export,
+		RPC: oncrpc.ClientOptions{Timeout: 30 * time.Second, Hard: true}})
+	if err != nil {
+		t.Fatalf("%s: dial: %v", p.name, err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(context.Background()); err != nil {
+			t.Errorf("%s: close: %v", p.name, err)
+		}
+	})
+	return c
+}
+
 // restartRecovery runs the scenario against p; restart restarts the
 // server; observer reaches the same server over TCP for a second client.
 func restartRecovery(t *testing.T, p, observer peer, restart func(context.Context) error) {
 	ctx := testCtx(t)
-	a := dial(t, p, oncrpc.TCPOptions{})
-	b := dial(t, observer, oncrpc.TCPOptions{})
+	a := dialHard(t, p, oncrpc.TCPOptions{})
+	b := dialHard(t, observer, oncrpc.TCPOptions{})
 	dir := testDir(t, a)
 	of, err := a.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded, Attr: &SetAttr{Mode: ptr(uint32(0o666))}})
 	if err != nil {
@@ -192,8 +211,8 @@ func TestKnfsdRestartReclaimRefused(t *testing.T) {
 	p := peer{name: "knfsd", addr: k.TCPAddr, export: "/", knfsd: k}
 	ctx := testCtx(t)
 	gate := newGatedDialer()
-	a := dial(t, p, oncrpc.TCPOptions{Dial: gate.dial})
-	b := dial(t, p, oncrpc.TCPOptions{})
+	a := dialHard(t, p, oncrpc.TCPOptions{Dial: gate.dial})
+	b := dialHard(t, p, oncrpc.TCPOptions{})
 	dir := testDir(t, a)
 	of, err := a.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded, Attr: &SetAttr{Mode: ptr(uint32(0o666))}})
 	if err != nil {
