@@ -114,6 +114,9 @@ func restartRecovery(t *testing.T, p, observer peer, restart func(context.Contex
 	if _, err := b.Lock(ctx, rootCred, lb, WriteLT, 1005, 1); !errors.Is(err, ErrDenied) {
 		t.Errorf("%s: write lock over the reclaimed read lock: %v, want NFS4ERR_DENIED", p.name, err)
 	}
+	if err := b.Unlock(ctx, rootCred, lb, 0, LengthToEOF); err != nil {
+		t.Errorf("%s: second client's LOCKU: %v", p.name, err)
+	}
 	if err := b.CloseFile(ctx, rootCred, bo); err != nil {
 		t.Errorf("%s: second client's close: %v", p.name, err)
 	}
@@ -276,5 +279,6 @@ func TestKnfsdRestartReclaimRefused(t *testing.T) {
 	if dn, err := b.TestLock(ctx, rootCred, lb, WriteLT, 0, 1); err != nil || dn != nil {
 		t.Errorf("second client's own lock: %+v %v", dn, err)
 	}
+	b.Unlock(ctx, rootCred, lb, 0, LengthToEOF)
 	b.CloseFile(ctx, rootCred, bo)
 }

@@ -25,7 +25,8 @@ type Ganesha struct {
 
 	bin, conf, logFile, outFile string
 
-	mu       sync.Mutex // guards cmd and exited, replaced by Restart
+	mu       sync.Mutex // guards cmd, exited and started, replaced by Restart
+	started  time.Time  // when the running process was started
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	stopOnce sync.Once
@@ -217,7 +218,7 @@ func (g *Ganesha) launch() error {
 		close(exited)
 	}()
 	g.mu.Lock()
-	g.cmd, g.exited = cmd, exited
+	g.cmd, g.exited, g.started = cmd, exited, time.Now()
 	g.mu.Unlock()
 	return nil
 }
@@ -244,13 +245,25 @@ func (g *Ganesha) waitReady(ctx context.Context, deadline time.Time) error {
 // survive. Started with GaneshaOptions.Grace, the new server is in its
 // grace period: the clients its fs recovery backend recorded reclaim
 // their opens and locks (RFC 8881 s8.4.2); new client IDs, session IDs,
-// stateids and write verifiers all change.
+// stateids and write verifiers all change (the new process starts in a
+// later second than the last: ganesha's epoch is its start second).
 func (g *Ganesha) Restart(ctx context.Context) error {
 	if g.RunDir == "" {
 		return errors.New("testpeer: ganesha restart: server not started by testpeer")
 	}
 	if err := g.kill(); err != nil {
 		return fmt.Errorf("testpeer: ganesha restart: %w", err)
+	}
+	// Ganesha's epoch, part of its client IDs and stateids and its write
+	// verifier, is its start time in seconds: a process started in the
+	// same second as the last one would look like the same instance.
+	g.mu.Lock()
+	next := g.started.Truncate(time.Second).Add(time.Second)
+	g.mu.Unlock()
+	select {
+	case <-time.After(time.Until(next)):
+	case <-ctx.Done():
+		return fmt.Errorf("testpeer: ganesha restart: %w", ctx.Err())
 	}
 	if err := g.launch(); err != nil {
 		return fmt.Errorf("testpeer: ganesha restart: %w", err)
