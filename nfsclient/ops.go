@@ -154,12 +154,14 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	binary.BigEndian.PutUint64(owner[8:], c.ownerSeq.Add(1))
 	claimFH := name == ""
 	var deleg StateID
-	var gotDeleg bool
+	var gotDeleg, writeDeleg bool
+	wantDeleg := c.cb.wantDeleg()
 	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
 		cp.op(opOpen)
 		cp.e.Uint32(0) // seqid, ignored in 4.1
 		access := args.Access
-		if !c.cfg.Delegations {
+		if !wantDeleg {
+			// RFC 8881 s18.16.3: OPEN4_SHARE_ACCESS_WANT_NO_DELEG.
 			access |= shareAccessWantNoDeleg
 		}
 		cp.e.Uint32(access)
@@ -203,7 +205,7 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 		of.Created = args.Create != NoCreate && ci.Before != ci.After
 		attrset := decodeBitmap(d)
 		_ = attrset
-		gotDeleg, deleg = decodeDelegation(r)
+		gotDeleg, writeDeleg, deleg = decodeDelegation(r)
 		if err := r.check(opOpen); err != nil {
 			return err
 		}
@@ -217,7 +219,7 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	}
 	c.trackOpen(of, owner, args.Access, args.Deny, cred)
 	if gotDeleg {
-		c.cb.addDelegation(deleg, of.FH)
+		c.cb.addDelegation(deleg, of.FH, writeDeleg)
 	}
 	if args.Create == Exclusive || args.Create == Exclusive41 {
 		// RFC 8881 s18.16.4: after an exclusive create, set the attributes
@@ -232,17 +234,18 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	return of, nil
 }
 
-// decodeDelegation decodes an open_delegation4 (RFC 8881 s18.16.2).
-func decodeDelegation(r *results) (bool, StateID) {
+// decodeDelegation decodes an open_delegation4 (RFC 8881 s18.16.2): was
+// one granted, is it a write delegation, its stateid.
+func decodeDelegation(r *results) (bool, bool, StateID) {
 	d := &r.d
 	switch t := d.Uint32(); t {
 	case openDelegateNone:
-		return false, StateID{}
+		return false, false, StateID{}
 	case openDelegateNoneExt:
 		if why := d.Uint32(); why == 3 || why == 4 { // WND4_CONTENTION, WND4_RESOURCE
 			d.Bool()
 		}
-		return false, StateID{}
+		return false, false, StateID{}
 	case openDelegateRead, openDelegateWrite:
 		sid := decodeStateID(d)
 		d.Bool() // recall
@@ -260,10 +263,10 @@ func decodeDelegation(r *results) (bool, StateID) {
 		d.Uint32()
 		d.Uint32()
 		d.Opaque(maxOwnerLen)
-		return true, sid
+		return true, t == openDelegateWrite, sid
 	default:
 		d.SetErr(fmt.Errorf("delegation type %d", t))
-		return false, StateID{}
+		return false, false, StateID{}
 	}
 }
 

@@ -311,7 +311,7 @@ func (c *Client) reclaimOpen(ctx context.Context, of *OpenFile) error {
 		decodeChangeInfo(d)
 		d.Uint32() // rflags
 		decodeBitmap(d)
-		gotDeleg, deleg = decodeDelegation(r)
+		gotDeleg, _, deleg = decodeDelegation(r)
 		return r.check(opOpen)
 	})
 	if err != nil {
