@@ -262,4 +262,3 @@ func (c *Client) delegReturn(ctx context.Context, sid StateID, fh []byte) error 
 	}
 	return nil
 }
-
