@@ -76,8 +76,8 @@ func mountPeer(t *testing.T, p peer, opts fuse.Options) (string, *fuse.Mount) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := nfsclient.Dial(ctx, nfsclient.Config{
-		Transport: p.transport(),
-		Export:    p.export,
+		Transport:   p.transport(),
+		Export:      p.export,
 		RPC:         oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 3},
 		Tracer:      opts.Tracer,
 		Delegations: p.deleg,
