@@ -56,9 +56,11 @@ type Config struct {
 	MaxRequests int
 	// NoBackChannel skips asking for a back channel (no callbacks).
 	NoBackChannel bool
-	// Delegations lets the server hand out delegations on OPEN (they
-	// are recorded and returned on recall, not used for caching). By
-	// default OPEN asks for none (OPEN4_SHARE_ACCESS_WANT_NO_DELEG).
+	// Delegations lets the server hand out read and write delegations
+	// on OPEN (deleg.go): Delegated tells the FUSE layer it may cache
+	// without revalidating, and a recall runs the RecallHandler before
+	// DELEGRETURN. By default OPEN asks for none
+	// (OPEN4_SHARE_ACCESS_WANT_NO_DELEG).
 	Delegations bool
 	// Tracer receives NFS trace events; nil traces nothing.
 	Tracer *trace.Tracer
