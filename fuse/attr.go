@@ -85,6 +85,9 @@ func (n *node) attrOut(out *gofuse.AttrOut) {
 	n.mu.Lock()
 	a, t := n.attr, n.acTimeout
 	n.mu.Unlock()
+	if a.Type == nfsclient.TypeReg && n.delegated() {
+		t = delegAttrTimeout
+	}
 	n.fsys.fillAttr(&a, &out.Attr)
 	out.SetTimeout(t)
 }
@@ -94,6 +97,9 @@ func (n *node) entryOut(out *gofuse.EntryOut) {
 	n.mu.Lock()
 	a, t := n.attr, n.acTimeout
 	n.mu.Unlock()
+	if a.Type == nfsclient.TypeReg && n.delegated() {
+		t = delegAttrTimeout
+	}
 	n.fsys.fillAttr(&a, &out.Attr)
 	out.SetAttrTimeout(t)
 	// A name stays valid as long as its directory's attributes would.

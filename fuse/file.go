@@ -66,6 +66,7 @@ func (f *FS) newFile(n *node, of *nfsclient.OpenFile, cred oncrpc.Credential, ac
 // the change attribute is what it was when the cache was last known good
 // (close-to-open consistency, RFC 8881 s10.3.1).
 func (n *node) openFlags(change uint64, flags uint32) uint32 {
+	n.trackDelegation()
 	n.mu.Lock()
 	keep := n.cacheValid && n.openChange == change
 	n.openChange, n.cacheValid = change, true

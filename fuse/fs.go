@@ -126,6 +126,9 @@ type FS struct {
 	writeFlags  sync.Map // WRITE in progress -> FUSE_WRITE_KILL_SUIDGID (rawhooks.go)
 	locks       lockTable
 	nameMax     int // longest name the server takes (names.go)
+	// delegNodes are the nodes of files under a delegation, by file
+	// handle, for recalls (deleg.go). Guarded by mu.
+	delegNodes map[string]*node
 
 	// Stats are the FUSE layer's counters.
 	Stats Counters
@@ -150,6 +153,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		writers: make(map[uint64]map[*file]struct{}),
 	}
 	f.closed = sync.NewCond(&f.mu)
+	c.SetRecallHandler(f.recall)
 	f.bg, f.bgCancel = context.WithCancel(context.Background())
 	cred := c.Cred(0, 0, nil)
 	a, err := c.GetAttr(ctx, cred, c.RootFH())

@@ -32,6 +32,7 @@ type peer struct {
 	name, addr, export string
 	rdma, v2           bool // RPC-over-RDMA (version 2 only when v2)
 	limitsOf           string
+	deleg              bool // let OPEN hand out delegations
 }
 
 func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
@@ -75,10 +76,11 @@ func mountPeer(t *testing.T, p peer, opts fuse.Options) (string, *fuse.Mount) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := nfsclient.Dial(ctx, nfsclient.Config{
-		Transport: p.transport(),
-		Export:    p.export,
-		RPC:       oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 3},
-		Tracer:    opts.Tracer,
+		Transport:   p.transport(),
+		Export:      p.export,
+		RPC:         oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 3},
+		Tracer:      opts.Tracer,
+		Delegations: p.deleg,
 	})
 	if err != nil {
 		t.Fatalf("%s: dial: %v", p.name, err)

@@ -2,10 +2,8 @@ package nfsclient
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -45,8 +43,9 @@ type callbackServer struct {
 	mu        sync.Mutex
 	sessionID SessionID
 	slots     []cbSlot
-	delegs    map[StateID][]byte // delegation stateid -> file handle
+	delegs    delegTable // delegations held, their recalls (deleg.go)
 	recalls   int
+	onRecall  RecallHandler
 
 	locks lockWaiters // blocked LOCKs, woken by CB_NOTIFY_LOCK
 }
@@ -58,7 +57,7 @@ type cbSlot struct {
 }
 
 func newCallbackServer(c *Client) *callbackServer {
-	return &callbackServer{c: c, delegs: make(map[StateID][]byte)}
+	return &callbackServer{c: c, delegs: newDelegTable()}
 }
 
 func (s *callbackServer) setSession(id SessionID, nslots int) {
@@ -66,12 +65,6 @@ func (s *callbackServer) setSession(id SessionID, nslots int) {
 	defer s.mu.Unlock()
 	s.sessionID = id
 	s.slots = make([]cbSlot, max(1, min(nslots, 64)))
-}
-
-func (s *callbackServer) addDelegation(sid StateID, fh []byte) {
-	s.mu.Lock()
-	s.delegs[sid] = append([]byte(nil), fh...)
-	s.mu.Unlock()
 }
 
 // HandleCall serves one backward-direction RPC call.
@@ -252,67 +245,6 @@ func (s *callbackServer) sequence(d *xdr.Decoder, r *cbResults) (*cbSlot, uint32
 	r.e.Uint32(highest)
 	r.e.Uint32(uint32(len(s.slots) - 1))
 	return sl, seq, nil, StatusOK
-}
-
-// recall starts returning a recalled delegation (RFC 8881 s20.2.3): the
-// reply says OK at once; DELEGRETURN follows asynchronously.
-func (s *callbackServer) recall(sid StateID, fh []byte) Status {
-	s.mu.Lock()
-	s.recalls++
-	_, known := s.delegs[sid]
-	s.mu.Unlock()
-	fh = append([]byte(nil), fh...)
-	go s.returnDeleg(sid, fh, known)
-	return StatusOK
-}
-
-func (s *callbackServer) recallAll() {
-	s.mu.Lock()
-	all := make(map[StateID][]byte, len(s.delegs))
-	for sid, fh := range s.delegs {
-		all[sid] = fh
-	}
-	s.mu.Unlock()
-	for sid, fh := range all {
-		go s.returnDeleg(sid, fh, true)
-	}
-}
-
-func (s *callbackServer) returnDeleg(sid StateID, fh []byte, known bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	err := s.c.delegReturn(ctx, sid, fh)
-	s.c.trace("DELEGRETURN after recall (known=%v): %v", known, err)
-	if err == nil || errors.Is(err, ErrBadStateID) {
-		s.mu.Lock()
-		delete(s.delegs, sid)
-		s.mu.Unlock()
-	}
-}
-
-// returnAll returns every delegation still held, before unmount.
-func (s *callbackServer) returnAll(ctx context.Context) {
-	s.mu.Lock()
-	all := s.delegs
-	s.delegs = make(map[StateID][]byte)
-	s.mu.Unlock()
-	for sid, fh := range all {
-		s.c.delegReturn(ctx, sid, fh)
-	}
-}
-
-// Delegations returns how many delegations the client holds.
-func (c *Client) Delegations() int {
-	c.cb.mu.Lock()
-	defer c.cb.mu.Unlock()
-	return len(c.cb.delegs)
-}
-
-// Recalls returns how many CB_RECALLs the client has served.
-func (c *Client) Recalls() int {
-	c.cb.mu.Lock()
-	defer c.cb.mu.Unlock()
-	return c.cb.recalls
 }
 
 func (c *Client) delegReturn(ctx context.Context, sid StateID, fh []byte) error {

@@ -76,6 +76,7 @@ func cbStatuses(t *testing.T, reply []byte) (Status, [][2]uint32) {
 
 func TestCallbackRecallAndReplay(t *testing.T) {
 	s := newTestCallbackServer()
+	s.addDelegation(StateID{Seq: 1, Other: [12]byte{7}}, []byte{1, 2, 3}, false)
 	call := cbCall(1, cbSequence(testSession, 1, 0), cbRecall)
 	reply := s.HandleCall(call)
 	st, ops := cbStatuses(t, reply)

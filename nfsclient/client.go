@@ -56,9 +56,11 @@ type Config struct {
 	MaxRequests int
 	// NoBackChannel skips asking for a back channel (no callbacks).
 	NoBackChannel bool
-	// Delegations lets the server hand out delegations on OPEN (they
-	// are recorded and returned on recall, not used for caching). By
-	// default OPEN asks for none (OPEN4_SHARE_ACCESS_WANT_NO_DELEG).
+	// Delegations lets the server hand out read and write delegations
+	// on OPEN (deleg.go): Delegated tells the FUSE layer it may cache
+	// without revalidating, and a recall runs the RecallHandler before
+	// DELEGRETURN. By default OPEN asks for none
+	// (OPEN4_SHARE_ACCESS_WANT_NO_DELEG).
 	Delegations bool
 	// Tracer receives NFS trace events; nil traces nothing.
 	Tracer *trace.Tracer
@@ -75,11 +77,19 @@ type Client struct {
 	sysCred    oncrpc.Credential // root AUTH_SYS for state management
 	serverImpl string
 
-	recoverMu   sync.Mutex // serialises recovery; guards clientID, csSeq
+	recoverMu   sync.Mutex // serialises recovery; guards clientID, csSeq, needReclaim
 	clientID    uint64
+	clientIDv   atomic.Uint64 // clientID, for compound builders
 	csSeq       uint32
 	sess        atomic.Pointer[session]
 	backChannel bool
+	needReclaim bool // a new client ID was made while opens were held
+
+	// Server restart recovery (recovery.go).
+	epoch   atomic.Uint64                 // counts client IDs: stateids belong to one
+	gate    atomic.Pointer[chan struct{}] // closed when the running recovery ends
+	stateMu sync.Mutex                    // guards opens
+	opens   map[[12]byte]*OpenFile        // by every stateid "other" an open had
 
 	rootFH []byte
 	lease  time.Duration
@@ -125,6 +135,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		tracer:    cfg.Tracer,
 		stop:      make(chan struct{}),
 		renewDone: make(chan struct{}),
+		opens:     make(map[[12]byte]*OpenFile),
 	}
 	c.stats.init()
 	rand.Read(c.verifier[:])
@@ -278,12 +289,17 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 	cp := compoundPool.Get().(*compound)
 	defer compoundPool.Put(cp)
 	var r results
+	staleRetries := 0
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			if err := sleep(ctx, retryDelay(attempt)); err != nil {
 				return err
 			}
 		}
+		if err := c.waitGate(ctx); err != nil {
+			return err
+		}
+		epoch := c.epoch.Load()
 		s := c.sess.Load()
 		if s == nil {
 			return fmt.Errorf("nfs: %w", oncrpc.ErrClosed)
@@ -301,6 +317,10 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 		cp.reset(c.rpc, cred, "")
 		cp.sequence(s.id, seq, slot, highest)
 		build(cp)
+		if cp.err != nil {
+			s.slots.release(slot, false, false, -1)
+			return cp.err
+		}
 		start := time.Now()
 		call := cp.call()
 		rep, err := c.rpc.Do(ctx, call)
@@ -333,6 +353,10 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 		case ErrBadSession, ErrDeadSession, ErrConnNotBound:
 			s.slots.release(slot, false, false, -1)
 			rep.Release()
+			if inRecovery(ctx) {
+				// The server went away again during the recovery.
+				return &OpError{Op: "SEQUENCE", Status: st}
+			}
 			if err := c.recoverSession(ctx, s, st); err != nil {
 				return err
 			}
@@ -348,6 +372,9 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 		case ErrStaleClientID, ErrExpired:
 			s.slots.release(slot, false, false, -1)
 			rep.Release()
+			if inRecovery(ctx) {
+				return &OpError{Op: "SEQUENCE", Status: st}
+			}
 			if err := c.recoverClient(ctx, s, st); err != nil {
 				return err
 			}
@@ -375,10 +402,32 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 					continue
 				}
 			case ErrStaleClientID:
+				if inRecovery(ctx) {
+					return err
+				}
 				if err := c.recoverClient(ctx, s, oe.Status); err != nil {
 					return err
 				}
 				continue
+			case ErrStaleStateID, ErrBadStateID:
+				// A stateid from before a server restart: sent again
+				// with the reclaimed one if a recovery ran meanwhile
+				// (RFC 8881 s8.4.2); a stale one with no recovery yet
+				// makes one, which finds out whether the client ID is
+				// gone (s8.2.2).
+				if inRecovery(ctx) || staleRetries >= 3 {
+					return err
+				}
+				staleRetries++
+				if c.epoch.Load() != epoch {
+					continue
+				}
+				if oe.Status == ErrStaleStateID {
+					if err := c.recoverSession(ctx, s, oe.Status); err != nil {
+						return err
+					}
+					continue
+				}
 			}
 		}
 		return err
@@ -429,6 +478,9 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// currentClientID returns the client ID for use in an operation.
+func (c *Client) currentClientID() uint64 { return c.clientIDv.Load() }
 
 // OwnerID returns the client owner string sent in EXCHANGE_ID; servers
 // list clients by it (knfsd: /proc/fs/nfsd/clients/*/info).

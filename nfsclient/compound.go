@@ -52,6 +52,10 @@ type compound struct {
 	cacheThis bool
 	cacheAt   int
 
+	// err, set by a builder, stops the compound before it is sent (an
+	// open lost in a server restart).
+	err error
+
 	rpcCall oncrpc.Call // returned by call, reused to keep the hot path allocation-free
 }
 
@@ -60,6 +64,7 @@ func (c *compound) reset(rpc *oncrpc.Client, cred oncrpc.Credential, tag string)
 	c.ops = c.ops[:0]
 	c.bulk, c.dest, c.maxRep = nil, nil, 0
 	c.cacheThis, c.cacheAt = false, 0
+	c.err = nil
 	c.xid = rpc.StartCall(&c.e, procCompound, cred)
 	c.e.String(tag)
 	c.e.Uint32(minorVersion1)

@@ -50,10 +50,20 @@ type Locker struct {
 	of    *OpenFile
 	owner []byte
 
-	mu   sync.Mutex
-	sid  StateID
-	have bool // sid is a lock stateid the server gave us
-	held bool // a LOCK succeeded since the last whole-file LOCKU
+	mu sync.Mutex // serialises the lock-owner's LOCK and LOCKU
+
+	// smu guards the lock state; reclaim after a server restart takes it
+	// (never mu, which a LOCK waiting for the recovery holds).
+	smu    sync.Mutex
+	sid    StateID
+	have   bool        // sid is a lock stateid the server gave us
+	ranges []lockRange // what the owner holds, for reclaim (RFC 8881 s9.6)
+}
+
+// lockRange is one byte range a lock-owner holds.
+type lockRange struct {
+	typ         LockType // ReadLT or WriteLT
+	off, length uint64
 }
 
 // NewLocker returns the lock state of lock-owner id on the open file of.
@@ -67,14 +77,68 @@ func (c *Client) NewLocker(of *OpenFile, id uint64) *Locker {
 	owner = append(owner, "rdmafs-l"...)
 	owner = append(owner, of.StateID.Other[:]...)
 	owner = binary.BigEndian.AppendUint64(owner, id)
-	return &Locker{of: of, owner: owner}
+	l := &Locker{of: of, owner: owner}
+	if of.st != nil {
+		of.st.mu.Lock()
+		of.st.lockers = append(of.st.lockers, l)
+		of.st.mu.Unlock()
+	}
+	return l
 }
 
-// Held reports whether the lock-owner may hold locks on the file.
+// Held reports whether the lock-owner holds locks on the file.
 func (l *Locker) Held() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.held
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	return len(l.ranges) > 0
+}
+
+// rangeEnd is the exclusive end of [off, off+length); all ones for a
+// range to the end of the file.
+func rangeEnd(off, length uint64) uint64 {
+	if length == LengthToEOF || off+length < off {
+		return LengthToEOF
+	}
+	return off + length
+}
+
+func makeRange(typ LockType, start, end uint64) lockRange {
+	if end == LengthToEOF {
+		return lockRange{typ, start, LengthToEOF}
+	}
+	return lockRange{typ, start, end - start}
+}
+
+// cutLocked removes [off, off+length) from the held ranges (l.smu held).
+func (l *Locker) cutLocked(off, length uint64) {
+	end := rangeEnd(off, length)
+	var out []lockRange
+	for _, r := range l.ranges {
+		rend := rangeEnd(r.off, r.length)
+		if rend <= off || r.off >= end {
+			out = append(out, r)
+			continue
+		}
+		if r.off < off {
+			out = append(out, makeRange(r.typ, r.off, off))
+		}
+		if rend > end {
+			out = append(out, makeRange(r.typ, end, rend))
+		}
+	}
+	l.ranges = out
+}
+
+// Ranges returns the byte ranges the lock-owner holds, as (type,
+// offset, length) in no particular order.
+func (l *Locker) Ranges() [][3]uint64 {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	out := make([][3]uint64, len(l.ranges))
+	for i, r := range l.ranges {
+		out[i] = [3]uint64{uint64(r.typ), r.off, r.length}
+	}
+	return out
 }
 
 // lockArgs is LOCK4args (RFC 8881 s18.10.1).
@@ -90,6 +154,9 @@ type lockArgs struct {
 	owner    []byte
 	// existing lock-owner: exist_lock_owner4
 	lockSID StateID
+	// reclaim re-takes a lock held before a server restart, in the
+	// grace period (RFC 8881 s9.6, s18.10.3).
+	reclaim bool
 }
 
 func (c *compound) lock(a *lockArgs) {
@@ -98,7 +165,7 @@ func (c *compound) lock(a *lockArgs) {
 	// must get the cached reply, not a second lock.
 	c.cacheThis = true
 	c.e.Uint32(uint32(a.typ))
-	c.e.Bool(false) // reclaim: only after a server restart (s9.11.1)
+	c.e.Bool(a.reclaim)
 	c.e.Uint64(a.off)
 	c.e.Uint64(a.length)
 	c.e.Bool(a.newLock)
@@ -186,27 +253,48 @@ func (r *results) decodeLockU() (StateID, error) {
 	return sid, r.check(opLockU)
 }
 
+// sendLock sends one LOCK built by build on fh and returns the lock
+// stateid, or the conflicting lock with an error wrapping ErrDenied.
+func (c *Client) sendLock(ctx context.Context, cred oncrpc.Credential, fh []byte, build func(cp *compound)) (StateID, *LockDenied, error) {
+	var sid StateID
+	var denied *LockDenied
+	err := c.do(ctx, cred, putFHAnd(fh, build), func(r *results) (err error) {
+		if err := r.voidOp(opPutFH); err != nil {
+			return err
+		}
+		sid, denied, err = r.decodeLockResult(opLock)
+		return err
+	})
+	return sid, denied, err
+}
+
 // Lock sends one LOCK for [off, off+length) (RFC 8881 s18.10). A conflict
 // returns the holder's lock and an error wrapping ErrDenied.
 func (c *Client) Lock(ctx context.Context, cred oncrpc.Credential, l *Locker, typ LockType, off, length uint64) (*LockDenied, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	a := lockArgs{typ: typ, off: off, length: length, newLock: !l.have,
-		openSeq: l.of.StateID.Seq, openSID: l.of.StateID, clientID: c.clientID, owner: l.owner, lockSID: l.sid}
-	var sid StateID
-	var denied *LockDenied
-	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) { cp.lock(&a) }),
-		func(r *results) (err error) {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			sid, denied, err = r.decodeLockResult(opLock)
-			return err
-		})
+	sid, denied, err := c.sendLock(ctx, cred, l.of.FH, func(cp *compound) {
+		// Built per attempt: a recovery in between changes the stateids.
+		l.smu.Lock()
+		a := lockArgs{typ: typ, off: off, length: length, newLock: !l.have,
+			clientID: c.currentClientID(), owner: l.owner, lockSID: l.sid}
+		l.smu.Unlock()
+		a.openSID = c.sid(cp, l.of.StateID)
+		a.openSeq = a.openSID.Seq
+		cp.lock(&a)
+	})
 	if err != nil {
 		return denied, fmt.Errorf("LOCK [%d,+%d): %w", off, length, err)
 	}
-	l.sid, l.have, l.held = sid, true, true
+	if typ == ReadWLT || typ == WriteWLT {
+		typ -= 2
+	}
+	l.smu.Lock()
+	l.sid, l.have = sid, true
+	// A lock replaces the owner's own locks in its range (POSIX).
+	l.cutLocked(off, length)
+	l.ranges = append(l.ranges, lockRange{typ, off, length})
+	l.smu.Unlock()
 	return nil, nil
 }
 
@@ -215,14 +303,16 @@ func (c *Client) Lock(ctx context.Context, cred oncrpc.Credential, l *Locker, ty
 // l's own owner never conflict.
 func (c *Client) TestLock(ctx context.Context, cred oncrpc.Credential, l *Locker, typ LockType, off, length uint64) (*LockDenied, error) {
 	var denied *LockDenied
-	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) { cp.lockT(typ, off, length, c.clientID, l.owner) }),
-		func(r *results) (err error) {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			_, denied, err = r.decodeLockResult(opLockT)
+	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) {
+		c.sid(cp, l.of.StateID) // fails for a lost open
+		cp.lockT(typ, off, length, c.currentClientID(), l.owner)
+	}), func(r *results) (err error) {
+		if err := r.voidOp(opPutFH); err != nil {
 			return err
-		})
+		}
+		_, denied, err = r.decodeLockResult(opLockT)
+		return err
+	})
 	if denied != nil {
 		return denied, nil
 	}
@@ -237,27 +327,35 @@ func (c *Client) TestLock(ctx context.Context, cred oncrpc.Credential, l *Locker
 func (c *Client) Unlock(ctx context.Context, cred oncrpc.Credential, l *Locker, off, length uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.have {
+	l.smu.Lock()
+	have := l.have
+	l.smu.Unlock()
+	if !have {
 		return nil
 	}
 	var sid StateID
 	// RFC 8881 s18.12.3: the lock type is any valid one; the server
 	// releases whatever the owner holds in the range.
-	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) { cp.lockU(WriteLT, l.sid, off, length) }),
-		func(r *results) (err error) {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			sid, err = r.decodeLockU()
+	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) {
+		c.sid(cp, l.of.StateID) // fails for a lost open
+		l.smu.Lock()
+		lsid := l.sid
+		l.smu.Unlock()
+		cp.lockU(WriteLT, lsid, off, length)
+	}), func(r *results) (err error) {
+		if err := r.voidOp(opPutFH); err != nil {
 			return err
-		})
+		}
+		sid, err = r.decodeLockU()
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("LOCKU [%d,+%d): %w", off, length, err)
 	}
+	l.smu.Lock()
 	l.sid = sid
-	if off == 0 && length == LengthToEOF {
-		l.held = false
-	}
+	l.cutLocked(off, length)
+	l.smu.Unlock()
 	return nil
 }
 
@@ -282,7 +380,7 @@ func (c *Client) LockWait(ctx, lockCtx context.Context, cred oncrpc.Credential, 
 	case WriteLT:
 		typ = WriteWLT
 	}
-	w := c.cb.locks.add(l.of.FH, c.clientID, l.owner)
+	w := c.cb.locks.add(l.of.FH, c.currentClientID(), l.owner)
 	defer c.cb.locks.remove(w)
 	delay := lockRetryMin
 	for {

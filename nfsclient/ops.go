@@ -98,7 +98,7 @@ func (c *Client) Access(ctx context.Context, cred oncrpc.Credential, fh []byte, 
 func (c *Client) SetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, sa *SetAttr) (Attr, error) {
 	var a Attr
 	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
-		cp.setAttr(sid, sa)
+		cp.setAttr(c.sid(cp, sid), sa)
 		cp.getAttr(fileAttrs)
 	}), func(r *results) error {
 		if err := r.voidOp(opPutFH); err != nil {
@@ -125,10 +125,14 @@ type OpenArgs struct {
 
 // OpenFile is open state on the server: a file handle and its stateid.
 type OpenFile struct {
-	FH      []byte
+	FH []byte
+	// StateID is the open stateid OPEN returned. Pass it on: after a
+	// server restart the client sends the reclaimed stateid in its place.
 	StateID StateID
 	Attr    Attr
 	Created bool // the OPEN created the file
+
+	st *openState // for reclaim (recovery.go)
 }
 
 // Open opens (and maybe creates) name in directory dir (CLAIM_NULL).
@@ -150,17 +154,19 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	binary.BigEndian.PutUint64(owner[8:], c.ownerSeq.Add(1))
 	claimFH := name == ""
 	var deleg StateID
-	var gotDeleg bool
+	var gotDeleg, writeDeleg bool
+	wantDeleg := c.cb.wantDeleg()
 	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
 		cp.op(opOpen)
 		cp.e.Uint32(0) // seqid, ignored in 4.1
 		access := args.Access
-		if !c.cfg.Delegations {
+		if !wantDeleg {
+			// RFC 8881 s18.16.3: OPEN4_SHARE_ACCESS_WANT_NO_DELEG.
 			access |= shareAccessWantNoDeleg
 		}
 		cp.e.Uint32(access)
 		cp.e.Uint32(args.Deny)
-		cp.e.Uint64(c.clientID)
+		cp.e.Uint64(c.currentClientID())
 		cp.e.Opaque(owner[:])
 		if args.Create == NoCreate {
 			cp.e.Uint32(open4NoCreate)
@@ -199,7 +205,7 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 		of.Created = args.Create != NoCreate && ci.Before != ci.After
 		attrset := decodeBitmap(d)
 		_ = attrset
-		gotDeleg, deleg = decodeDelegation(r)
+		gotDeleg, writeDeleg, deleg = decodeDelegation(r)
 		if err := r.check(opOpen); err != nil {
 			return err
 		}
@@ -211,8 +217,9 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	if err != nil {
 		return nil, err
 	}
+	c.trackOpen(of, owner, args.Access, args.Deny, cred)
 	if gotDeleg {
-		c.cb.addDelegation(deleg, of.FH)
+		c.cb.addDelegation(deleg, of.FH, writeDeleg)
 	}
 	if args.Create == Exclusive || args.Create == Exclusive41 {
 		// RFC 8881 s18.16.4: after an exclusive create, set the attributes
@@ -227,17 +234,18 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	return of, nil
 }
 
-// decodeDelegation decodes an open_delegation4 (RFC 8881 s18.16.2).
-func decodeDelegation(r *results) (bool, StateID) {
+// decodeDelegation decodes an open_delegation4 (RFC 8881 s18.16.2): was
+// one granted, is it a write delegation, its stateid.
+func decodeDelegation(r *results) (bool, bool, StateID) {
 	d := &r.d
 	switch t := d.Uint32(); t {
 	case openDelegateNone:
-		return false, StateID{}
+		return false, false, StateID{}
 	case openDelegateNoneExt:
 		if why := d.Uint32(); why == 3 || why == 4 { // WND4_CONTENTION, WND4_RESOURCE
 			d.Bool()
 		}
-		return false, StateID{}
+		return false, false, StateID{}
 	case openDelegateRead, openDelegateWrite:
 		sid := decodeStateID(d)
 		d.Bool() // recall
@@ -255,16 +263,21 @@ func decodeDelegation(r *results) (bool, StateID) {
 		d.Uint32()
 		d.Uint32()
 		d.Opaque(maxOwnerLen)
-		return true, sid
+		return true, t == openDelegateWrite, sid
 	default:
 		d.SetErr(fmt.Errorf("delegation type %d", t))
-		return false, StateID{}
+		return false, false, StateID{}
 	}
 }
 
-// CloseFile releases open state (RFC 8881 s18.2).
+// CloseFile releases open state (RFC 8881 s18.2). An open lost in a
+// server restart has nothing left to close.
 func (c *Client) CloseFile(ctx context.Context, cred oncrpc.Credential, of *OpenFile) error {
-	return c.do(ctx, cred, putFHAnd(of.FH, func(cp *compound) { cp.close(of.StateID) }),
+	defer c.untrackOpen(of)
+	if c.OpenLost(of) != nil {
+		return nil
+	}
+	return c.do(ctx, cred, putFHAnd(of.FH, func(cp *compound) { cp.close(c.sid(cp, of.StateID)) }),
 		func(r *results) error {
 			if err := r.voidOp(opPutFH); err != nil {
 				return err
@@ -276,7 +289,7 @@ func (c *Client) CloseFile(ctx context.Context, cred oncrpc.Credential, of *Open
 // Read reads up to len(dest) bytes at off into dest. The data goes into
 // dest directly where the transport can place it (RDMA Write chunk).
 func (c *Client) Read(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, dest []byte) (n int, eof bool, err error) {
-	err = c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.read(sid, off, dest) }),
+	err = c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.read(c.sid(cp, sid), off, dest) }),
 		func(r *results) error {
 			if err := r.voidOp(opPutFH); err != nil {
 				return err
@@ -298,7 +311,7 @@ type WriteResult struct {
 // without copying (a Read chunk over RDMA).
 func (c *Client) Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable) (WriteResult, error) {
 	var wr WriteResult
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.write(sid, off, stable, data) }),
+	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.write(c.sid(cp, sid), off, stable, data) }),
 		func(r *results) (err error) {
 			if err := r.voidOp(opPutFH); err != nil {
 				return err

@@ -100,6 +100,7 @@ func (c *Client) exchangeID(ctx context.Context) error {
 		return err
 	}
 	c.clientID, c.csSeq = clientID, seq
+	c.clientIDv.Store(clientID)
 	c.trace("EXCHANGE_ID clientid=%#x seq=%d server=%q", clientID, seq, c.serverImpl)
 	return nil
 }
@@ -164,8 +165,9 @@ func (c *Client) createSession(ctx context.Context) (*session, error) {
 	return s, nil
 }
 
-// establish runs EXCHANGE_ID (when needed), CREATE_SESSION and, for a new
-// client ID, RECLAIM_COMPLETE.
+// establish runs EXCHANGE_ID (when needed) and CREATE_SESSION. With a
+// new client ID and no open state it sends RECLAIM_COMPLETE; with open
+// state (the server restarted) the caller reclaims first (recovery.go).
 func (c *Client) establish(ctx context.Context, newClient bool) error {
 	if newClient {
 		if err := c.exchangeID(ctx); err != nil {
@@ -174,6 +176,7 @@ func (c *Client) establish(ctx context.Context, newClient bool) error {
 	}
 	s, err := c.createSession(ctx)
 	if errors.Is(err, ErrStaleClientID) && !newClient {
+		// RFC 8881 s8.4.2: the server restarted and lost the client ID.
 		if err := c.exchangeID(ctx); err != nil {
 			return err
 		}
@@ -186,43 +189,26 @@ func (c *Client) establish(ctx context.Context, newClient bool) error {
 	c.sess.Store(s)
 	c.cb.setSession(s.id, int(s.back.MaxRequests))
 	if newClient {
-		// RFC 8881 s18.51.3: tell the server we have no state to reclaim.
-		err := c.do(ctx, c.sysCred, func(cp *compound) {
-			cp.op(opReclaimComplete)
-			cp.e.Bool(false)
-		}, func(r *results) error { return r.voidOp(opReclaimComplete) })
-		if err != nil && !errors.Is(err, ErrCompleteAlready) {
-			return fmt.Errorf("RECLAIM_COMPLETE: %w", err)
+		c.newClientID()
+		if !c.needReclaim {
+			// RFC 8881 s18.51.3: tell the server we have no state to reclaim.
+			return c.reclaimComplete(ctx)
 		}
 	}
 	return nil
 }
 
 // recoverSession replaces bad after BADSESSION/DEADSESSION or when its
-// slots are exhausted; a stale client ID is re-established too
-// (RFC 8881 s2.10.13).
+// slots are exhausted; a stale client ID is re-established and the
+// client's state reclaimed (RFC 8881 s2.10.13, s8.4.2).
 func (c *Client) recoverSession(ctx context.Context, bad *session, why error) error {
-	c.recoverMu.Lock()
-	defer c.recoverMu.Unlock()
-	if c.sess.Load() != bad {
-		return nil // recovered by someone else meanwhile
-	}
-	c.stats.recoveries.Add(1)
-	c.trace("session recovery: %v", why)
-	return c.establish(ctx, false)
+	return c.recoverState(ctx, bad, false, why)
 }
 
 // recoverClient re-establishes the client ID after STALE_CLIENTID or
-// EXPIRED. Open state held under the old client ID is lost.
+// EXPIRED and reclaims the client's state.
 func (c *Client) recoverClient(ctx context.Context, bad *session, why error) error {
-	c.recoverMu.Lock()
-	defer c.recoverMu.Unlock()
-	if c.sess.Load() != bad {
-		return nil
-	}
-	c.stats.recoveries.Add(1)
-	c.trace("client ID recovery: %v", why)
-	return c.establish(ctx, true)
+	return c.recoverState(ctx, bad, true, why)
 }
 
 func (c *compound) sequence(id SessionID, seq uint32, slot, highest int) {

@@ -14,7 +14,9 @@ type Stats struct {
 	mu         sync.Mutex
 	ops        map[string]*opStats
 	recoveries atomic.Int64
-	copied     atomic.Uint64 // READ data bytes copied from replies into destinations
+
+	reclaimedOpens, reclaimedLocks, lostOpens atomic.Uint64
+	copied                                    atomic.Uint64 // READ data bytes copied from replies into destinations
 }
 
 // BytesCopied returns how many READ data bytes the client copied from

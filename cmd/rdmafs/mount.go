@@ -388,7 +388,10 @@ func serve(o *mountOptions, tr *trace.Tracer, debugFUSE bool, notify func(error)
 		Export: o.Export,
 		RSize:  o.RSize,
 		WSize:  o.WSize,
-		Tracer: tr,
+		// Delegations let the FUSE layer cache attributes and data
+		// without revalidating (fuse/deleg.go).
+		Delegations: true,
+		Tracer:      tr,
 	})
 	if err != nil {
 		t.Close()

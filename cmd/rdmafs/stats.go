@@ -77,6 +77,9 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	ops, recoveries := c.Snapshot()
 	fmt.Fprintf(w, "rpc: retransmissions=%d session_recoveries=%d\n", retrans.Load(), recoveries)
 	fmt.Fprintf(w, "callbacks: cb_recall=%d cb_notify_lock=%d\n", c.Recalls(), c.LockNotifies())
+	ds, rs := c.DelegationStats(), c.Recovery()
+	fmt.Fprintf(w, "delegations: granted=%d recalled=%d returned=%d held=%d\n", ds.Granted, ds.Recalled, ds.Returned, ds.Held)
+	fmt.Fprintf(w, "server restarts: reclaimed_opens=%d reclaimed_locks=%d lost_opens=%d\n", rs.ReclaimedOpens, rs.ReclaimedLocks, rs.LostOpens)
 	if ts, ok := t.(TransportStats); ok {
 		kv := ts.Stats()
 		keys := make([]string, 0, len(kv))

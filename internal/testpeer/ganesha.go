@@ -23,6 +23,10 @@ type Ganesha struct {
 	// Empty for a server given by RDMAFS_GANESHA.
 	RunDir string
 
+	bin, conf, logFile, outFile string
+
+	mu       sync.Mutex // guards cmd, exited and started, replaced by Restart
+	started  time.Time  // when the running process was started
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	stopOnce sync.Once
@@ -55,8 +59,9 @@ NFS_KRB5 {
 }
 NFSV4 {
 	Minor_Versions = 1, 2;
-	Graceless = true;
-	Lease_Lifetime = 60;
+	Graceless = %v;
+	Lease_Lifetime = %d;
+	Grace_Period = %d;
 	RecoveryBackend = fs;
 	RecoveryRoot = %q;
 }
@@ -75,12 +80,40 @@ EXPORT {
 }
 `
 
+// GaneshaOptions configures StartGaneshaWith.
+type GaneshaOptions struct {
+	// Grace makes the server keep a grace period at start (Graceless =
+	// false): after a Restart, clients recorded by the fs recovery
+	// backend reclaim their state (RFC 8881 s8.4.2), and other OPENs and
+	// LOCKs get NFS4ERR_GRACE until they are done or GracePeriod ends.
+	Grace bool
+	// Lease and GracePeriod are Lease_Lifetime and Grace_Period in
+	// seconds; zero means 60 and 90 (Graceless) or 15 and 20 (Grace).
+	Lease, GracePeriod int
+}
+
 // StartGanesha runs ganesha.nfsd in the foreground on a free loopback port,
 // exporting a fresh temporary directory (Dir) as /export, and returns once
 // the port answers an RPC NULL call. It needs root. If RDMAFS_GANESHA is set,
 // StartGanesha returns that server instead.
 func StartGanesha(ctx context.Context) (*Ganesha, error) {
-	if addr := os.Getenv("RDMAFS_GANESHA"); addr != "" {
+	return StartGaneshaWith(ctx, GaneshaOptions{})
+}
+
+// StartGaneshaWith is StartGanesha with options; RDMAFS_GANESHA is not
+// consulted (the options could not be honoured).
+func StartGaneshaWith(ctx context.Context, opts GaneshaOptions) (*Ganesha, error) {
+	if opts.Lease == 0 {
+		opts.Lease = map[bool]int{false: 60, true: 15}[opts.Grace]
+	}
+	if opts.GracePeriod == 0 {
+		opts.GracePeriod = map[bool]int{false: 90, true: 20}[opts.Grace]
+	}
+	return startGanesha(ctx, opts)
+}
+
+func startGanesha(ctx context.Context, opts GaneshaOptions) (*Ganesha, error) {
+	if addr := os.Getenv("RDMAFS_GANESHA"); addr != "" && !opts.Grace {
 		export := os.Getenv("RDMAFS_GANESHA_EXPORT")
 		if export == "" {
 			export = "/export"
@@ -96,7 +129,7 @@ func StartGanesha(ctx context.Context) (*Ganesha, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < startAttempts; attempt++ {
-		g, retry, err := startGaneshaOnce(ctx, bin)
+		g, retry, err := startGaneshaOnce(ctx, bin, opts)
 		if err == nil {
 			return g, nil
 		}
@@ -108,7 +141,7 @@ func StartGanesha(ctx context.Context) (*Ganesha, error) {
 	return nil, lastErr
 }
 
-func startGaneshaOnce(ctx context.Context, bin string) (g *Ganesha, retry bool, err error) {
+func startGaneshaOnce(ctx context.Context, bin string, opts GaneshaOptions) (g *Ganesha, retry bool, err error) {
 	ports, err := freePorts(1)
 	if err != nil {
 		return nil, false, err
@@ -118,47 +151,33 @@ func startGaneshaOnce(ctx context.Context, bin string) (g *Ganesha, retry bool, 
 		return nil, false, err
 	}
 	g = &Ganesha{
-		Addr:   loopback(ports[0]),
-		Export: "/export",
-		Dir:    filepath.Join(runDir, "export"),
-		RunDir: runDir,
-		exited: make(chan struct{}),
+		Addr:    loopback(ports[0]),
+		Export:  "/export",
+		Dir:     filepath.Join(runDir, "export"),
+		RunDir:  runDir,
+		bin:     bin,
+		conf:    filepath.Join(runDir, "ganesha.conf"),
+		logFile: filepath.Join(runDir, "ganesha.log"),
+		outFile: filepath.Join(runDir, "stdout.log"),
 	}
 	recovery := filepath.Join(runDir, "recovery")
-	conf := filepath.Join(runDir, "ganesha.conf")
-	logFile := filepath.Join(runDir, "ganesha.log")
-	outFile := filepath.Join(runDir, "stdout.log")
+	conf, logFile, outFile := g.conf, g.logFile, g.outFile
 	setup := func() error {
 		for _, d := range []string{g.Dir, recovery} {
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				return err
 			}
 		}
-		return os.WriteFile(conf, fmt.Appendf(nil, ganeshaConf, ports[0], recovery, g.Dir), 0o644)
+		return os.WriteFile(conf, fmt.Appendf(nil, ganeshaConf, ports[0], !opts.Grace, opts.Lease, opts.GracePeriod, recovery, g.Dir), 0o644)
 	}
 	if err := setup(); err != nil {
 		os.RemoveAll(runDir)
 		return nil, false, fmt.Errorf("testpeer: ganesha setup: %w", err)
 	}
-	out, err := os.Create(outFile)
-	if err != nil {
+	if err := g.launch(); err != nil {
 		os.RemoveAll(runDir)
-		return nil, false, fmt.Errorf("testpeer: ganesha: %w", err)
+		return nil, false, err
 	}
-	defer out.Close()
-	g.cmd = exec.Command(bin, "-F", "-f", conf, "-L", logFile, "-p", filepath.Join(runDir, "ganesha.pid"))
-	g.cmd.Dir = runDir
-	g.cmd.Stdout = out
-	g.cmd.Stderr = out
-	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := g.cmd.Start(); err != nil {
-		os.RemoveAll(runDir)
-		return nil, false, fmt.Errorf("testpeer: ganesha: start %s: %w", bin, err)
-	}
-	go func() {
-		_ = g.cmd.Wait()
-		close(g.exited)
-	}()
 
 	fail := func(err error) (*Ganesha, bool, error) {
 		logs := tail(30, logFile, outFile)
@@ -171,15 +190,92 @@ func startGaneshaOnce(ctx context.Context, bin string) (g *Ganesha, retry bool, 
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	if err := waitTCP(g.Addr, deadline, g.exited); err != nil {
+	if err := g.waitReady(ctx, deadline); err != nil {
 		return fail(err)
+	}
+	return g, false, nil
+}
+
+// launch starts ganesha.nfsd in the foreground with the run directory's
+// configuration; its output is appended to stdout.log.
+func (g *Ganesha) launch() error {
+	out, err := os.OpenFile(g.outFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("testpeer: ganesha: %w", err)
+	}
+	defer out.Close()
+	cmd := exec.Command(g.bin, "-F", "-f", g.conf, "-L", g.logFile, "-p", filepath.Join(g.RunDir, "ganesha.pid"))
+	cmd.Dir = g.RunDir
+	cmd.Stdout = out
+	cmd.Stderr = out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("testpeer: ganesha: start %s: %w", g.bin, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	g.mu.Lock()
+	g.cmd, g.exited, g.started = cmd, exited, time.Now()
+	g.mu.Unlock()
+	return nil
+}
+
+// waitReady waits until the server answers an RPC NULL call.
+func (g *Ganesha) waitReady(ctx context.Context, deadline time.Time) error {
+	g.mu.Lock()
+	exited := g.exited
+	g.mu.Unlock()
+	if err := waitTCP(g.Addr, deadline, exited); err != nil {
+		return err
 	}
 	pctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	if err := NullCall(pctx, g.Addr); err != nil {
-		return fail(fmt.Errorf("NFS NULL call: %w", err))
+		return fmt.Errorf("NFS NULL call: %w", err)
 	}
-	return g, false, nil
+	return nil
+}
+
+// Restart stops ganesha.nfsd (SIGTERM, as an administrator restarting
+// the service would) and starts it again on the same port, export and
+// recovery directory, and returns once it answers. The export's files
+// survive. Started with GaneshaOptions.Grace, the new server is in its
+// grace period: the clients its fs recovery backend recorded reclaim
+// their opens and locks (RFC 8881 s8.4.2); new client IDs, session IDs,
+// stateids and write verifiers all change (the new process starts in a
+// later second than the last: ganesha's epoch is its start second).
+func (g *Ganesha) Restart(ctx context.Context) error {
+	if g.RunDir == "" {
+		return errors.New("testpeer: ganesha restart: server not started by testpeer")
+	}
+	if err := g.kill(); err != nil {
+		return fmt.Errorf("testpeer: ganesha restart: %w", err)
+	}
+	// Ganesha's epoch, part of its client IDs and stateids and its write
+	// verifier, is its start time in seconds: a process started in the
+	// same second as the last one would look like the same instance.
+	g.mu.Lock()
+	next := g.started.Truncate(time.Second).Add(time.Second)
+	g.mu.Unlock()
+	select {
+	case <-time.After(time.Until(next)):
+	case <-ctx.Done():
+		return fmt.Errorf("testpeer: ganesha restart: %w", ctx.Err())
+	}
+	if err := g.launch(); err != nil {
+		return fmt.Errorf("testpeer: ganesha restart: %w", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if err := g.waitReady(ctx, deadline); err != nil {
+		return fmt.Errorf("testpeer: ganesha restart: %w\n%s", err, g.LogTail())
+	}
+	return nil
 }
 
 // Stop kills ganesha.nfsd, waits for it to exit and
@@ -191,27 +287,35 @@ func (g *Ganesha) Stop() error {
 }
 
 func (g *Ganesha) stop(removeRunDir bool) error {
-	if g.cmd == nil || g.cmd.Process == nil {
-		return nil
-	}
-	var err error
-	// ganesha.nfsd is a single (multi-threaded) process; signal it through
-	// os.Process, which never signals a PID after it was reaped.
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.exited:
-	case <-time.After(10 * time.Second):
-		_ = g.cmd.Process.Kill()
-		select {
-		case <-g.exited:
-		case <-time.After(5 * time.Second):
-			err = fmt.Errorf("testpeer: ganesha stop: pid %d did not exit after SIGKILL", g.cmd.Process.Pid)
-		}
-	}
+	err := g.kill()
 	if err == nil && removeRunDir {
 		_ = os.RemoveAll(g.RunDir)
 	}
 	return err
+}
+
+// kill stops the running ganesha.nfsd and waits for it to exit.
+func (g *Ganesha) kill() error {
+	g.mu.Lock()
+	cmd, exited := g.cmd, g.exited
+	g.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return nil
+	}
+	// ganesha.nfsd is a single (multi-threaded) process; signal it through
+	// os.Process, which never signals a PID after it was reaped.
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			return fmt.Errorf("ganesha: pid %d did not exit after SIGKILL", cmd.Process.Pid)
+		}
+	}
+	return nil
 }
 
 // LogTail returns the last lines of ganesha's log.

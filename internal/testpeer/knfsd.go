@@ -26,6 +26,11 @@ type KnfsdOptions struct {
 	// "KPEER_SMP=2"); the ports and run directory are always chosen by
 	// StartKnfsd.
 	Env []string
+	// KeepGrace leaves the NFSv4 grace period that starts with the server
+	// running (kpeer.endgrace=0) instead of ending it at once: until it
+	// ends (kpeer.grace, 10 s by default) non-reclaim OPENs and LOCKs get
+	// NFS4ERR_GRACE.
+	KeepGrace bool
 }
 
 // Knfsd is a Linux knfsd running in a kpeer qemu guest. It exports /export
@@ -114,7 +119,7 @@ func startKnfsdOnce(ctx context.Context, script string, opts KnfsdOptions) (k *K
 		"KPEER_SHELL_PORT="+strconv.Itoa(ports[2]),
 		"KPEER_RUN_DIR="+runDir,
 		"KPEER_WATCH_PID="+strconv.Itoa(os.Getpid()),
-		"KPEER_APPEND="+opts.Append,
+		"KPEER_APPEND="+appendOpts(opts),
 	)
 	cmd.Stdout = logf
 	cmd.Stderr = logf
@@ -155,6 +160,47 @@ func startKnfsdOnce(ctx context.Context, script string, opts KnfsdOptions) (k *K
 		return fail(fmt.Errorf("guest READY but NFS/TCP does not answer: %w", err))
 	}
 	return k, false, nil
+}
+
+func appendOpts(opts KnfsdOptions) string {
+	if opts.KeepGrace {
+		return strings.TrimSpace(opts.Append + " kpeer.endgrace=0")
+	}
+	return opts.Append
+}
+
+// Restart restarts knfsd in the guest as a server reboot looks to its
+// clients, without rebooting the guest (test/kpeer/guest/init,
+// kpeer-restart-nfsd): every nfsd thread stops, so the server forgets all
+// clients, sessions, opens, locks and delegations and drops its
+// connections; it comes back with a new boot time (old client IDs are
+// NFS4ERR_STALE_CLIENTID, sessions NFS4ERR_BADSESSION) and a new write
+// verifier, in a grace period (kpeer.grace seconds) in which the clients
+// it recorded may reclaim their state (RFC 8881 s8.4.2). The tmpfs export
+// keeps its files. Restart returns once NFS over TCP answers again.
+func (k *Knfsd) Restart(ctx context.Context) error {
+	return k.restart(ctx, "kpeer-restart-nfsd")
+}
+
+// RestartEndGrace restarts knfsd like Restart and ends the new grace
+// period at once: reclaims are refused with NFS4ERR_NO_GRACE, and other
+// clients may take conflicting locks.
+func (k *Knfsd) RestartEndGrace(ctx context.Context) error {
+	return k.restart(ctx, "kpeer-restart-nfsd endgrace")
+}
+
+func (k *Knfsd) restart(ctx context.Context, cmd string) error {
+	out, err := k.Exec(ctx, cmd)
+	if err != nil {
+		return fmt.Errorf("testpeer: knfsd restart: %w", err)
+	}
+	if !strings.Contains(out, "restarted:") {
+		return fmt.Errorf("testpeer: knfsd restart: unexpected output %q", out)
+	}
+	if err := NullCall(ctx, k.TCPAddr); err != nil {
+		return fmt.Errorf("testpeer: knfsd restart: NFS/TCP does not answer: %w", err)
+	}
+	return nil
 }
 
 // startingKnfsd holds the *Knfsd being started (see StopAll).

@@ -1,0 +1,59 @@
+package fuse
+
+import (
+	"context"
+	"time"
+)
+
+// Delegation caching (RFC 8881 s10.2, s10.4). While the client holds a
+// delegation on a file, no other client can change it: the kernel may
+// keep the file's attributes for delegAttrTimeout instead of the ac*
+// timeouts, and its page cache across opens. When the server recalls the
+// delegation, recall writes out what the file's open handles buffer and
+// drops the kernel's attributes and pages, before the client returns the
+// delegation; the next open then revalidates as without one.
+
+// delegAttrTimeout is how long the kernel keeps attributes of a file
+// under a delegation; a recall invalidates them sooner.
+const delegAttrTimeout = time.Hour
+
+// delegated reports whether n's file is under a delegation.
+func (n *node) delegated() bool {
+	return n.fsys.c.Delegated(n.handle())
+}
+
+// trackDelegation remembers n as the node of its file handle, for
+// recalls, if the client holds a delegation on it.
+func (n *node) trackDelegation() {
+	if !n.delegated() {
+		return
+	}
+	f := n.fsys
+	f.mu.Lock()
+	if f.delegNodes == nil {
+		f.delegNodes = make(map[string]*node)
+	}
+	f.delegNodes[string(n.handle())] = n
+	f.mu.Unlock()
+}
+
+// recall is the client's RecallHandler: the delegation on fh goes back
+// to the server once buffered writes are out and the caches dropped.
+func (f *FS) recall(ctx context.Context, fh []byte) {
+	f.mu.Lock()
+	n := f.delegNodes[string(fh)]
+	delete(f.delegNodes, string(fh))
+	f.mu.Unlock()
+	if n == nil {
+		return
+	}
+	// Data written under a write delegation reaches the server before
+	// the delegation goes (RFC 8881 s10.4.1).
+	errno := n.flushWriters(ctx)
+	n.mu.Lock()
+	n.cacheValid = false
+	n.acTimeout = 0
+	n.mu.Unlock()
+	n.NotifyContent(0, 0) // the kernel drops cached pages and attributes
+	f.trace("RECALL ino=%d flush errno=%d: caches dropped", n.StableAttr().Ino, errno)
+}
