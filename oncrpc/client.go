@@ -69,11 +69,18 @@ func (c *Client) StartCall(e *xdr.Encoder, proc uint32, cred Credential) uint32 
 // results. It retransmits after a timeout or a broken connection, keeping
 // the XID so the server's duplicate request cache can recognise the call.
 // The caller must Release the reply.
+//
+// A soft client gives up after Retrans retransmissions, but not before
+// Timeout has passed since the first: a server that refuses connections
+// while it restarts fails each attempt at once, and those attempts are
+// not timeouts (Linux likewise keeps reconnecting until the major
+// timeout).
 func (c *Client) Do(ctx context.Context, call *Call) (*Reply, error) {
 	var lastErr error
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
-			if !c.opts.Hard && attempt > c.opts.Retrans {
+			if !c.opts.Hard && attempt > c.opts.Retrans && time.Since(start) >= c.opts.Timeout {
 				return nil, fmt.Errorf("%w after %d transmissions: %w", ErrTimeout, attempt, lastErr)
 			}
 			if c.opts.OnRetransmit != nil {

@@ -297,10 +297,58 @@ func TestTCPDialFailure(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	tr := NewTCPTransport(addr, TCPOptions{})
-	c := NewClient(tr, 99, 1, ClientOptions{Retrans: 1})
+	const timeo = 300 * time.Millisecond
+	c := NewClient(tr, 99, 1, ClientOptions{Retrans: 1, Timeout: timeo})
+	start := time.Now()
 	err := c.Ping(context.Background())
 	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrConnection) {
 		t.Fatalf("err = %v, want timeout wrapping connection error", err)
+	}
+	if d := time.Since(start); d < timeo {
+		t.Fatalf("a soft client gave up after %v of refused connections, before its %v timeout", d, timeo)
+	}
+}
+
+// TestTCPSoftRidesOutRestart: a soft client whose server refuses
+// connections for longer than Retrans quick attempts (a restarting
+// server) still gets its reply once the server is back within timeo.
+func TestTCPSoftRidesOutRestart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	tr := NewTCPTransport(addr, TCPOptions{})
+	defer tr.Close()
+	back := make(chan struct{})
+	var failures atomic.Int32
+	c := NewClient(tr, 99, 1, ClientOptions{Retrans: 1, Timeout: time.Minute,
+		OnRetransmit: func(uint32, int, error) {
+			if failures.Add(1) == 4 {
+				close(back)
+			}
+		}})
+	go func() {
+		<-back
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("listen again on %s: %v", addr, err)
+			return
+		}
+		t.Cleanup(func() { ln.Close() })
+		Serve(ln, handlerFunc(func(m []byte) []byte {
+			ch, _, err := ParseCall(m)
+			if err != nil {
+				return nil
+			}
+			var e xdr.Encoder
+			AppendAcceptedReply(&e, ch.XID, Success, 0, 0)
+			return e.Bytes()
+		}))
+	}()
+	if err := c.Ping(context.Background()); err != nil {
+		t.Fatalf("ping across %d refused connections: %v", failures.Load(), err)
 	}
 }
 
