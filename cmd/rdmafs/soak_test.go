@@ -175,6 +175,9 @@ func TestSoak(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: soak: %v", p.name, err)
 		}
+		if cuts > 0 && cutConns == 0 {
+			t.Errorf("%s: %d cuts found no connection of rdmafs (pids %v) to port %d", p.name, cuts, pids, port)
+		}
 		if res.Ops == 0 || res.Handoffs == 0 {
 			t.Errorf("%s: %d operations, %d handoffs: the workload did not run", p.name, res.Ops, res.Handoffs)
 		}
