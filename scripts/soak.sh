@@ -6,8 +6,10 @@
 #   PEERS="knfsd knfsd-rdma ganesha ganesha-rdma-v2"   which ones (the default: all)
 #   PARALLEL=1        run the peers at the same time (default: one after another)
 #   CUT=60s           cut the mounts' transport connections this often
-#   RESTART_CMD=...   shell command run once at RESTART_AT (default half way) to
-#                     restart the server; it gets RDMAFS_SOAK_PEER,
+#   RESTART_CMD=...   command run once at RESTART_AT (default half way) to restart
+#                     the server: "guest:CMD" runs CMD in the knfsd guest, e.g.
+#                     'guest:echo 0 >/proc/fs/nfsd/threads; echo 4 >/proc/fs/nfsd/threads';
+#                     anything else runs here with sh -c and gets RDMAFS_SOAK_PEER,
 #                     RDMAFS_SOAK_SERVER and, for knfsd, RDMAFS_KNFSD_SHELL
 #   SEED=N            the workload's seed (printed by every run)
 #   OPLOG=DIR         keep every operation in DIR/PEER.wN

@@ -20,8 +20,9 @@ import (
 //	RDMAFS_SOAK_DURATION=30m   how long each peer runs (default 20s)
 //	RDMAFS_SOAK_SEED=N         the workload's seed (default: from the clock)
 //	RDMAFS_SOAK_CUT=60s        cut the mounts' transport connections this often
-//	RDMAFS_SOAK_RESTART_CMD=.. a shell command that restarts the server, run
-//	                           once at RDMAFS_SOAK_RESTART_AT (default half way)
+//	RDMAFS_SOAK_RESTART_CMD=.. a command that restarts the server, run once at
+//	                           RDMAFS_SOAK_RESTART_AT (default half way); see
+//	                           restartServer
 //	RDMAFS_SOAK_PARALLEL=1     run the peers at the same time
 //	RDMAFS_SOAK_OPLOG=/dir     write every operation to /dir/PEER.wN
 type soakSettings struct {
@@ -62,13 +63,22 @@ func soakSettingsFromEnv(t *testing.T) soakSettings {
 
 // restartServer restarts p's server once during a soak. Until the test
 // peers have a restart knob of their own it runs the user's command
-// (RDMAFS_SOAK_RESTART_CMD) with sh -c, telling it which server through
-// the environment: RDMAFS_SOAK_PEER (knfsd, knfsd-rdma, ganesha,
-// ganesha-rdma-v2), RDMAFS_KNFSD_SHELL (the kpeer guest's control shell,
-// host:port: "echo 0 >/proc/fs/nfsd/threads; echo 4 >/proc/fs/nfsd/threads"
-// piped into it with nc restarts knfsd) and RDMAFS_SOAK_SERVER (the
-// server's address as the mount sees it).
+// (RDMAFS_SOAK_RESTART_CMD): "guest:CMD" runs CMD in the knfsd guest's
+// control shell (knfsd peers only), for example
+//
+//	guest:echo 0 >/proc/fs/nfsd/threads; echo 4 >/proc/fs/nfsd/threads
+//
+// and anything else runs on this machine with sh -c, told which server
+// through the environment: RDMAFS_SOAK_PEER (knfsd, knfsd-rdma, ganesha,
+// ganesha-rdma-v2), RDMAFS_SOAK_SERVER (the address the mounts use) and,
+// for knfsd, RDMAFS_KNFSD_SHELL (the guest's control shell, host:port).
 func restartServer(ctx context.Context, p peer, cmdline string) (string, error) {
+	if guestCmd, ok := strings.CutPrefix(cmdline, "guest:"); ok {
+		if p.knfsd == nil {
+			return "", fmt.Errorf("%s: a guest: restart command needs knfsd", p.name)
+		}
+		return p.knfsd.Exec(ctx, guestCmd)
+	}
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", cmdline)
 	cmd.Env = append(os.Environ(), "RDMAFS_SOAK_PEER="+p.name, "RDMAFS_SOAK_SERVER="+p.host+":"+p.port)
 	if p.knfsd != nil {
