@@ -166,8 +166,17 @@ func TestSoak(t *testing.T) {
 				t.Logf("%s: server restarted at %v (command took %v): %s", p.name, s.restartAt, time.Since(start).Round(time.Millisecond), strings.TrimSpace(out))
 			})
 		}
+		// A hung operation (the workers report each one after 30 s) ends
+		// the run this long after its end, instead of the test binary's
+		// timeout ending every test.
+		const hangAfter = 5 * time.Minute
+		runCtx, cancelRun := context.WithTimeout(ctx, s.duration+hangAfter)
 		start := time.Now()
-		res, err := soak.Run(ctx, cfg)
+		res, err := soak.Run(runCtx, cfg)
+		if runCtx.Err() != nil {
+			err = fmt.Errorf("workers still running %v after the end of the run, killed (hung operations are reported above as stalls): %w", hangAfter, err)
+		}
+		cancelRun()
 		cancel()
 		wg.Wait()
 		el := time.Since(start)
