@@ -8,7 +8,7 @@ FUZZTIME    ?= 10s
 TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
 BIN         := bin/rdmafs
 
-.PHONY: all help build test unit fuzz bench bench-mount lint deps demo demo-stop clean
+.PHONY: all help build test unit fuzz bench bench-mount soak lint deps demo demo-stop clean
 
 all: build
 
@@ -19,6 +19,7 @@ help:
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make bench   data-path benchmarks"
 	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; SIZE, ROUNDS)"
+	@echo "make soak    data-verification soak on each server and transport (DURATION=30m, PEERS, PARALLEL=1, CUT=60s, RESTART_CMD; see scripts/soak.sh)"
 	@echo "make lint    gofmt, go vet, staticcheck"
 	@echo "make deps    install the Debian packages the tests need and build the knfsd guest"
 	@echo "make demo    start knfsd, mount it over RPC-over-RDMA at ./mnt and show it working"
@@ -49,6 +50,10 @@ bench:
 
 bench-mount:
 	scripts/bench-mount.sh
+
+# The long data-verification run; make test runs it for 20 s per peer.
+soak: deps build
+	DURATION=$(or $(DURATION),30m) scripts/soak.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -15,11 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/soak"
 	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/internal/testpeer/v2relay"
 )
 
-func TestMain(m *testing.M) { testpeer.Main(m) }
+func TestMain(m *testing.M) {
+	soak.MaybeWorker() // TestSoak's worker processes are this binary
+	testpeer.Main(m)
+}
 
 // peer is a real NFSv4.1 server the tests mount.
 type peer struct {
