@@ -352,14 +352,19 @@ func (h *file) sendLocked() {
 // writeOutLocked sends the buffer and waits for the WRITEs in flight.
 // When the buffer holds all that is dirty, it goes FILE_SYNC and the
 // file is clean (no COMMIT needed at close).
-func (h *file) writeOutLocked(ctx context.Context) error {
+//
+// The WRITEs run under the file system's context, not the request's:
+// buffered data belongs to the file, as in a page cache, so a read or
+// getattr interrupted by a signal neither drops it nor leaves the
+// interruption behind as the file's write error.
+func (h *file) writeOutLocked() error {
 	if h.w == nil {
 		return h.werr
 	}
 	if !h.sent && len(h.wb.b) > 0 && h.werr == nil {
 		data, off, release := h.wb.b, h.bufOff, h.wb.release()
 		h.wb = writeBuffer{}
-		err := h.writeStable(ctx, data, off)
+		err := h.writeStable(h.n.fsys.bg, data, off)
 		if release != nil {
 			release()
 		}
@@ -382,7 +387,7 @@ func (h *file) writeOutLocked(ctx context.Context) error {
 // dirty data is in the buffer, one FILE_SYNC WRITE replaces WRITE+COMMIT,
 // as the Linux client does for a flush that fits one request.
 func (h *file) syncLocked(ctx context.Context) error {
-	if err := h.writeOutLocked(ctx); err != nil {
+	if err := h.writeOutLocked(); err != nil {
 		return err
 	}
 	if h.w == nil || !h.dirty {
@@ -393,7 +398,11 @@ func (h *file) syncLocked(ctx context.Context) error {
 		start = time.Now()
 	}
 	if err := h.w.Commit(ctx); err != nil {
-		h.werr = err
+		// An interrupted COMMIT leaves the writes pending for the
+		// next one; only a failure of the COMMIT itself sticks.
+		if ctx.Err() == nil {
+			h.werr = err
+		}
 		return err
 	}
 	if h.n.fsys.tr.On(trace.FUSE) {
@@ -552,7 +561,7 @@ func (n *node) flushWriters(ctx context.Context) syscall.Errno {
 	f.mu.Unlock()
 	for _, h := range hs {
 		h.mu.Lock()
-		err := h.writeOutLocked(ctx)
+		err := h.writeOutLocked()
 		h.mu.Unlock()
 		if err != nil {
 			return n.errno("write", err)

@@ -54,7 +54,7 @@ func (h *file) killPrivAfterWrite(ctx context.Context) {
 	}
 	ctx = uninterrupted(ctx)
 	h.mu.Lock()
-	err := h.writeOutLocked(ctx)
+	err := h.writeOutLocked()
 	h.mu.Unlock()
 	if err != nil {
 		return // reported by the next write, flush or fsync
