@@ -8,13 +8,14 @@ FUZZTIME    ?= 10s
 TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
 BIN         := bin/rdmafs
 
-.PHONY: all help build test unit fuzz bench bench-mount soak lint deps demo demo-stop clean
+.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount soak lint deps demo demo-stop clean
 
 all: build
 
 help:
 	@echo "make build   build $(BIN)"
 	@echo "make test    make deps, then unit and integration tests (starts knfsd in qemu and nfs-ganesha)"
+	@echo "make test-guest-rdma  rdmafs on rdma-core inside the knfsd guest over siw and rxe (~4 min)"
 	@echo "make unit    unit tests only (go test -short)"
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make bench   data-path benchmarks"
@@ -32,6 +33,12 @@ build:
 # everything is installed and the guest is cached it takes a second.
 test: deps build
 	$(GO) test $(TESTFLAGS) ./...
+
+# A separate suite (build tag guestrdma): it runs the cgo-built rdmafs
+# inside the knfsd guest over siw0 and rxe0, all under qemu's software
+# emulation, which takes a few minutes.
+test-guest-rdma: deps
+	$(GO) test -tags guestrdma -count=1 -timeout 30m -run TestKnfsdGuestRxeSiw ./verbs/ibverbs
 
 unit:
 	$(GO) test -short -count=1 ./...

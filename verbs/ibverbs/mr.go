@@ -1,0 +1,162 @@
+//go:build cgo && linux && !noibverbs
+
+package ibverbs
+
+/*
+#include "helpers.h"
+
+static struct ibv_mr *reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, int access) {
+	return ibv_reg_mr(pd, (void *)addr, len, access);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// NewProtectionDomain returns a protection domain whose registrations are
+// made on the device.
+func (p *Provider) NewProtectionDomain() *verbs.ProtectionDomain {
+	return verbs.NewProtectionDomainWithHook(&hook{p: p, regs: make(map[*verbs.MemoryRegion]*hwMR)})
+}
+
+// hwMR is a device registration backing a verbs.MemoryRegion.
+type hwMR struct {
+	mr         *C.struct_ibv_mr
+	addr       uintptr
+	size       uint64
+	lkey, rkey uint32
+}
+
+// hook mirrors a ProtectionDomain's registrations on the device. Its
+// methods run with the domain's lock held; mu guards regs for PostSend.
+type hook struct {
+	p    *Provider
+	mu   sync.Mutex
+	regs map[*verbs.MemoryRegion]*hwMR
+}
+
+var (
+	_ verbs.RegistrationHook = (*hook)(nil)
+	_ verbs.RemoteAddresser  = (*hook)(nil)
+)
+
+func ibvAccess(a verbs.Access) C.int {
+	var f C.int
+	if a&verbs.AccessLocalWrite != 0 {
+		f |= C.IBV_ACCESS_LOCAL_WRITE
+	}
+	if a&verbs.AccessRemoteRead != 0 {
+		f |= C.IBV_ACCESS_REMOTE_READ
+	}
+	if a&verbs.AccessRemoteWrite != 0 {
+		// Remote write requires local write (IB spec).
+		f |= C.IBV_ACCESS_REMOTE_WRITE | C.IBV_ACCESS_LOCAL_WRITE
+	}
+	return f
+}
+
+// reg registers mr's current memory and returns its STag (rkey if the
+// region grants remote access, else lkey).
+func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
+	buf, access := mr.HookBytes(), mr.HookAccess()
+	if len(buf) == 0 {
+		return 0, fmt.Errorf("%w: empty region", verbs.ErrInvalidWR)
+	}
+	addr := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	if !mr.IsFast() {
+		if err := checkSlab(addr, len(buf)); err != nil {
+			return 0, err
+		}
+	}
+	// A fast region is bound inside a registered slab chunk (checked by
+	// verbs.FastRegister), so it too names only slab memory.
+	m := C.reg_mr(h.p.pd, C.uintptr_t(addr), C.size_t(len(buf)), ibvAccess(access))
+	if m == nil {
+		errno := syscall.Errno(C.errno_of())
+		if errno == syscall.ENOMEM {
+			return 0, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w (locked-memory limit: raise ulimit -l or lower rdmamem)", len(buf), errno)
+		}
+		return 0, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w", len(buf), errno)
+	}
+	r := &hwMR{mr: m, addr: addr, size: uint64(len(buf)), lkey: uint32(m.lkey), rkey: uint32(m.rkey)}
+	h.mu.Lock()
+	h.regs[mr] = r
+	h.mu.Unlock()
+	if access.Remote() {
+		return r.rkey, nil
+	}
+	return r.lkey, nil
+}
+
+// dereg drops mr's device registration, if any.
+func (h *hook) dereg(mr *verbs.MemoryRegion) error {
+	h.mu.Lock()
+	r := h.regs[mr]
+	delete(h.regs, mr)
+	h.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	if rc := C.ibv_dereg_mr(r.mr); rc != 0 {
+		return fmt.Errorf("ibverbs: ibv_dereg_mr: %w", syscall.Errno(rc))
+	}
+	return nil
+}
+
+// Register registers a region of memory; a fast-registration region gets
+// its key when it is bound (Reregister).
+func (h *hook) Register(mr *verbs.MemoryRegion) (uint32, error) {
+	if mr.IsFast() {
+		return 0, nil
+	}
+	return h.reg(mr)
+}
+
+// Reregister binds the region (again) under a new key.
+func (h *hook) Reregister(mr *verbs.MemoryRegion) (uint32, error) {
+	if err := h.dereg(mr); err != nil {
+		return 0, err
+	}
+	return h.reg(mr)
+}
+
+// Invalidate ends the region's key: deregistering is the invalidation.
+func (h *hook) Invalidate(mr *verbs.MemoryRegion) error { return h.dereg(mr) }
+
+// Deregister releases the region.
+func (h *hook) Deregister(mr *verbs.MemoryRegion) error { return h.dereg(mr) }
+
+// RemoteAddr is the virtual address the device names the region's first
+// byte by.
+func (h *hook) RemoteAddr(mr *verbs.MemoryRegion) uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r := h.regs[mr]; r != nil {
+		return uint64(r.addr)
+	}
+	return 0
+}
+
+// sges converts a scatter/gather list to device SGEs.
+func (h *hook) sges(sgl []verbs.SGE, out []C.struct_ibv_sge) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, s := range sgl {
+		r := h.regs[s.MR]
+		if r == nil || s.MR.IsFast() {
+			return fmt.Errorf("SGE %d: not registered memory of this domain: %w", i, verbs.ErrInvalidSTag)
+		}
+		if err := sgeRange(s.Offset, s.Length, r.size); err != nil {
+			return fmt.Errorf("SGE %d: %w", i, err)
+		}
+		out[i] = C.struct_ibv_sge{addr: C.uint64_t(uint64(r.addr) + s.Offset), length: C.uint32_t(s.Length), lkey: C.uint32_t(r.lkey)}
+	}
+	return nil
+}
