@@ -8,14 +8,14 @@ FUZZTIME    ?= 10s
 TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
 BIN         := bin/rdmafs
 
-.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount soak lint deps demo demo-stop clean
+.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount soak lint deps deps-packages demo demo-stop clean
 
 all: build
 
 help:
 	@echo "make build   build $(BIN)"
-	@echo "make test    make deps, then unit and integration tests (starts knfsd in qemu and nfs-ganesha)"
-	@echo "make test-guest-rdma  rdmafs on rdma-core inside the knfsd guest over siw and rxe (~4 min)"
+	@echo "make test    make deps, then unit and integration tests (starts knfsd in qemu and nfs-ganesha), then test-guest-rdma"
+	@echo "make test-guest-rdma  rdma-core provider inside the knfsd guest over siw and rxe: verbs conformance, knfsd mounts, interop (~2-4 min)"
 	@echo "make unit    unit tests only (go test -short)"
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make bench   data-path benchmarks"
@@ -29,16 +29,22 @@ help:
 build:
 	$(GO) build -o $(BIN) ./cmd/rdmafs
 
+# The rdma-core suite (build tag guestrdma): the verbs conformance suite,
+# the cgo-built rdmafs against knfsd and the interop with the pure-Go
+# provider, inside the knfsd guest over siw0 and rxe0 (a few minutes
+# under qemu's software emulation).
+GUEST_RDMA  = $(GO) test -tags guestrdma -count=1 -timeout 30m -run '^TestKnfsdGuestRxeSiw$$' ./verbs/ibverbs
+
 # deps first: on a bare machine the ganesha and knfsd tests need it; once
 # everything is installed and the guest is cached it takes a second.
+# Then every package, then the rdma-core suite.
 test: deps build
 	$(GO) test $(TESTFLAGS) ./...
+	$(GUEST_RDMA)
 
-# A separate suite (build tag guestrdma): it runs the cgo-built rdmafs
-# inside the knfsd guest over siw0 and rxe0, all under qemu's software
-# emulation, which takes a few minutes.
+# The rdma-core suite alone.
 test-guest-rdma: deps
-	$(GO) test -tags guestrdma -count=1 -timeout 30m -run TestKnfsdGuestRxeSiw ./verbs/ibverbs
+	$(GUEST_RDMA)
 
 unit:
 	$(GO) test -short -count=1 ./...
@@ -62,13 +68,18 @@ bench-mount:
 soak: deps build
 	DURATION=$(or $(DURATION),30m) scripts/soak.sh
 
-lint:
+# vet and staticcheck compile verbs/ibverbs, whose cgo needs rdma-core's
+# headers: install the packages first (without building the guest).
+lint: deps-packages
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
 deps:
 	scripts/deps.sh
+
+deps-packages:
+	DEPS_SKIP_KPEER=1 scripts/deps.sh
 
 demo: deps build
 	scripts/demo.sh

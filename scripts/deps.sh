@@ -41,6 +41,33 @@ else
   say "all packages installed: ${PKGS[*]}"
 fi
 
+# The commands the tests run (they fail, not skip, when one is missing):
+# check that the packages above really provided them.
+TOOLS=(fusermount3 setpriv unshare flock mount mknod cut ganesha.nfsd qemu-system-x86_64 busybox python3 fio)
+absent=()
+for c in "${TOOLS[@]}"; do
+  command -v "$c" >/dev/null || [ -x "/usr/sbin/$c" ] || [ -x "/sbin/$c" ] || absent+=("$c")
+done
+[ ${#absent[@]} -eq 0 ] || fail "installed, but these commands are still missing: ${absent[*]}"
+say "commands present: ${TOOLS[*]}"
+
+# The tests that mount as an ordinary user run as uid 1000 (setpriv);
+# fusermount3 refuses a user without a passwd entry.
+if ! getent passwd 1000 >/dev/null; then
+  say "adding user rdmafs-test (uid 1000) for the tests that mount as an ordinary user"
+  # Reuse a group that is already there (a machine may have the group
+  # rdmafs-test, or some group with gid 1000, without the user).
+  if getent group rdmafs-test >/dev/null; then
+    group=(--gid rdmafs-test)
+  elif getent group 1000 >/dev/null; then
+    group=(--gid 1000)
+  else
+    group=(--user-group)
+  fi
+  useradd --uid 1000 "${group[@]}" --no-create-home --home-dir / --shell /usr/sbin/nologin rdmafs-test ||
+    fail "useradd rdmafs-test (uid 1000)"
+fi
+
 # The kpeer guest: run.sh installs the matching linux-headers package,
 # downloads the guest's Debian packages and builds siw.ko (cached).
 if [ "${DEPS_SKIP_KPEER:-0}" = 1 ]; then

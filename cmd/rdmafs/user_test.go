@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -29,6 +30,10 @@ func newUserSandbox(t *testing.T) userSandbox {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is missing (scripts/deps.sh installs util-linux, mount, coreutils, fuse3): %v", tool, err)
 		}
+	}
+	// fusermount3 looks the user up by uid.
+	if _, err := user.LookupId(testUID); err != nil {
+		t.Fatalf("uid %s has no passwd entry, which fusermount3 needs (scripts/deps.sh adds the user rdmafs-test): %v", testUID, err)
 	}
 	// t.TempDir's parents are 0700: the user could not reach them.
 	dir, err := os.MkdirTemp("", "rdmafs-user-test-")
