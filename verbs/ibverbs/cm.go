@@ -201,6 +201,9 @@ func depth(v, limit int) int {
 
 // Dial connects to addr ("host:port") with RDMA-CM.
 func (p *Provider) Dial(ctx context.Context, addr string, params *verbs.ConnParams) (verbs.QueuePair, error) {
+	if params == nil {
+		params = &verbs.ConnParams{}
+	}
 	ta, err := net.ResolveTCPAddr("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
@@ -276,9 +279,7 @@ func (p *Provider) Dial(ctx context.Context, addr string, params *verbs.ConnPara
 		return nil, fmt.Errorf("ibverbs: connect %s: %w", addr, err)
 	}
 	q.peerPD = C.GoBytes(unsafe.Pointer(&ev.pdata[0]), ev.pdata_len)
-	q.addrs()
-	q.wg.Add(1)
-	go q.cmLoop()
+	q.established()
 	return q, nil
 }
 

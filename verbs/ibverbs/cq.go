@@ -120,9 +120,14 @@ func (q *queuePair) deliver(w *C.struct_flat_wc) {
 			c.Opcode = verbs.OpRecvWithInvalidate
 			c.InvalidatedSTag = uint32(w.inv_rkey)
 			// The device invalidated the key; the domain must agree
-			// that it was a remotely accessible region of ours.
+			// that it was a remotely accessible region of ours. If
+			// not (siw invalidates any STag of the protection
+			// domain) the receive fails and the connection breaks:
+			// remote invalidation is honoured only for the STags we
+			// offered (RFC 8166 s3.4.4).
 			if err := q.pd.InvalidateRemote(c.InvalidatedSTag); err != nil {
 				q.fail(fmt.Errorf("%w: peer invalidated an STag we did not expose: %w", verbs.ErrTerminated, err))
+				c = verbs.Completion{WRID: info.wrid, Status: verbs.StatusRemoteOpErr, Opcode: verbs.OpRecv}
 			}
 		}
 	} else if c.Status == verbs.StatusSuccess {
@@ -130,6 +135,10 @@ func (q *queuePair) deliver(w *C.struct_flat_wc) {
 	}
 	if err := statusError(st, info.op); err != nil {
 		q.fail(err)
+	} else if c.Status == verbs.StatusFlushed {
+		// A flush we did not cause: the device moved the queue pair
+		// to the error state (siw on the peer's Terminate).
+		q.fail(fmt.Errorf("%w: the device flushed %v (queue pair in error state)", verbs.ErrConnectionLost, info.op))
 	}
 	if info.recv {
 		q.recvCQ.Push(c)

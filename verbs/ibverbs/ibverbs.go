@@ -30,9 +30,12 @@
 // slab, under a new key, and invalidated by ibv_dereg_mr; the peer can
 // never reach bytes outside the call, nor after its Invalidate. Remote
 // invalidation (Send With Invalidate) of such a region works on iWARP
-// devices (siw invalidates any STag of the protection domain); InfiniBand
-// and RoCE devices refuse it for ibv_reg_mr regions, so RemoteInvalidate
-// reports false there and the transport must not offer it.
+// devices (siw invalidates any STag of the protection domain, though its
+// userspace library, rdma-core 44, does not report the invalidation in
+// the receive completion, so the transport invalidates locally as well);
+// InfiniBand and RoCE devices refuse it for ibv_reg_mr regions, so
+// RemoteInvalidate reports false there and the transport must not offer
+// it.
 package ibverbs
 
 import (
@@ -348,8 +351,9 @@ func cmError(ev, status, want int) error {
 }
 
 // checkSend validates a send work request against the queue pair's
-// scatter/gather limit; errors wrap verbs.ErrInvalidWR.
-func checkSend(wr *verbs.SendWR, maxSGE int) error {
+// scatter/gather limits (maxRead for an RDMA Read's sink); errors wrap
+// verbs.ErrInvalidWR.
+func checkSend(wr *verbs.SendWR, maxSGE, maxRead int) error {
 	switch wr.Opcode {
 	case verbs.OpSend, verbs.OpSendWithInvalidate, verbs.OpRDMAWrite:
 	case verbs.OpRDMARead:
@@ -358,6 +362,9 @@ func checkSend(wr *verbs.SendWR, maxSGE int) error {
 		}
 		if len(wr.SGL) == 0 {
 			return fmt.Errorf("%w: RDMA Read without a sink", verbs.ErrInvalidWR)
+		}
+		if len(wr.SGL) > maxRead {
+			return fmt.Errorf("%w: RDMA Read into %d SGEs, the device takes %d", verbs.ErrInvalidWR, len(wr.SGL), maxRead)
 		}
 	default:
 		return fmt.Errorf("%w: opcode %v on the send queue", verbs.ErrInvalidWR, wr.Opcode)

@@ -129,8 +129,10 @@ func TestCheckWR(t *testing.T) {
 		{"recv opcode", verbs.SendWR{Opcode: verbs.OpRecv}, false},
 		{"nil MR", verbs.SendWR{Opcode: verbs.OpSend, SGL: []verbs.SGE{{Length: 1}}}, false},
 		{"too many SGEs", verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGL: []verbs.SGE{sge, sge, sge}}, false},
+		{"two-element Write", verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGL: []verbs.SGE{sge, sge}}, true},
+		{"two-element Read sink (iWARP: one)", verbs.SendWR{Opcode: verbs.OpRDMARead, SGL: []verbs.SGE{sge, sge}, Length: 20}, false},
 	} {
-		err := checkSend(&c.wr, 2)
+		err := checkSend(&c.wr, 2, 1)
 		if (err == nil) != c.ok || (err != nil && !errors.Is(err, verbs.ErrInvalidWR)) {
 			t.Errorf("%s: %v", c.name, err)
 		}

@@ -40,19 +40,23 @@ import (
 
 // listener accepts RDMA-CM connection requests.
 type listener struct {
-	p      *Provider
-	params verbs.ConnParams
-	ch     *C.struct_rdma_event_channel
-	id     *C.struct_rdma_cm_id
-	addr   net.Addr
-	mu     sync.Mutex // one Accept at a time; guards closed
-	closed bool
-	stop   chan struct{}
+	p        *Provider
+	params   verbs.ConnParams
+	ch       *C.struct_rdma_event_channel
+	id       *C.struct_rdma_cm_id
+	addr     net.Addr
+	mu       sync.Mutex // one Accept at a time; guards closed
+	closed   bool
+	stop     chan struct{} // closed by Close: a waiting Accept returns
+	stopOnce sync.Once
 }
 
 // Listen listens on addr ("host:port"; host may be empty for any address
 // whose route uses this provider's device).
 func (p *Provider) Listen(addr string, params *verbs.ConnParams) (verbs.Listener, error) {
+	if params == nil {
+		params = &verbs.ConnParams{}
+	}
 	ta, err := net.ResolveTCPAddr("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("ibverbs: listen %s: %w", addr, err)
@@ -91,15 +95,16 @@ func (p *Provider) Listen(addr string, params *verbs.ConnParams) (verbs.Listener
 
 func (l *listener) Addr() net.Addr { return l.addr }
 
-// Close stops listening.
+// Close stops listening. It first ends an Accept in progress (which holds
+// the lock while it waits for a request).
 func (l *listener) Close() error {
+	l.stopOnce.Do(func() { close(l.stop) })
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return nil
 	}
 	l.closed = true
-	close(l.stop)
 	C.rdma_destroy_id(l.id)
 	C.rdma_destroy_event_channel(l.ch)
 	return nil
@@ -201,9 +206,7 @@ func (l *listener) acceptOne(ctx context.Context) (verbs.QueuePair, error) {
 		q.Close()
 		return nil, nil
 	}
-	q.addrs()
-	q.wg.Add(1)
-	go q.cmLoop()
+	q.established()
 	return q, nil
 }
 

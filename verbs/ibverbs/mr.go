@@ -144,17 +144,27 @@ func (h *hook) RemoteAddr(mr *verbs.MemoryRegion) uint64 {
 	return 0
 }
 
-// sges converts a scatter/gather list to device SGEs.
-func (h *hook) sges(sgl []verbs.SGE, out []C.struct_ibv_sge) error {
+// sges converts a scatter/gather list to device SGEs, checking that each
+// element is live registered memory of this domain with the rights need
+// (AccessLocalWrite where the device places data): what the device would
+// fail with a local protection error is refused at post time, with
+// verbs.ErrInvalidWR, as the pure-Go provider does.
+func (h *hook) sges(sgl []verbs.SGE, out []C.struct_ibv_sge, need verbs.Access) error {
+	// MR.Local takes the domain's lock, which is taken before h.mu.
+	for i, s := range sgl {
+		if _, err := s.MR.Local(need, s.Offset, s.Length); err != nil {
+			return fmt.Errorf("SGE %d: %w: %w", i, verbs.ErrInvalidWR, err)
+		}
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i, s := range sgl {
 		r := h.regs[s.MR]
 		if r == nil || s.MR.IsFast() {
-			return fmt.Errorf("SGE %d: not registered memory of this domain: %w", i, verbs.ErrInvalidSTag)
+			return fmt.Errorf("SGE %d: %w: not registered memory of this domain: %w", i, verbs.ErrInvalidWR, verbs.ErrInvalidSTag)
 		}
 		if err := sgeRange(s.Offset, s.Length, r.size); err != nil {
-			return fmt.Errorf("SGE %d: %w", i, err)
+			return fmt.Errorf("SGE %d: %w: %w", i, verbs.ErrInvalidWR, err)
 		}
 		out[i] = C.struct_ibv_sge{addr: C.uint64_t(uint64(r.addr) + s.Offset), length: C.uint32_t(s.Length), lkey: C.uint32_t(r.lkey)}
 	}

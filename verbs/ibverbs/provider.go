@@ -58,10 +58,14 @@ type Provider struct {
 	ctx    *C.struct_ibv_context
 	pd     *C.struct_ibv_pd
 	maxSGE int
-	maxWR  int
-	maxCQE int
-	maxRD  int // max_qp_rd_atom (IRD)
-	maxIRD int // max_qp_init_rd_atom (ORD)
+	// maxRead is the most SGEs of an RDMA Read's sink: 1 on iWARP (RFC
+	// 5040 s4.4: a Read Request names one sink STag; siw places the
+	// whole response into the first SGE of a longer list).
+	maxRead int
+	maxWR   int
+	maxCQE  int
+	maxRD   int // max_qp_rd_atom (IRD)
+	maxIRD  int // max_qp_init_rd_atom (ORD)
 }
 
 var (
@@ -106,6 +110,10 @@ func Open(name string) (*Provider, error) {
 		return nil, fmt.Errorf("ibverbs: query %s: %w", info.Name, syscall.Errno(rc))
 	}
 	p.maxSGE = min(verbs.MaxSGE, int(attr.max_sge))
+	p.maxRead = p.maxSGE
+	if info.IWARP() {
+		p.maxRead = 1
+	}
 	p.maxWR = min(queueDepth, int(attr.max_qp_wr))
 	p.maxCQE = int(attr.max_cqe)
 	p.maxRD = int(attr.max_qp_rd_atom)
@@ -152,6 +160,14 @@ func (p *Provider) Device() DeviceInfo { return p.info }
 
 // Port returns the active port in use.
 func (p *Provider) Port() int { return p.port }
+
+// MaxSGE returns the most scatter/gather elements a work request may
+// have on this device (at most verbs.MaxSGE; siw takes 6).
+func (p *Provider) MaxSGE() int { return p.maxSGE }
+
+// MaxReadSGE returns the most scatter/gather elements of an RDMA Read's
+// sink (1 on iWARP devices).
+func (p *Provider) MaxReadSGE() int { return p.maxRead }
 
 // RemoteInvalidate reports whether the peer may invalidate our exposed
 // regions with Send With Invalidate (iWARP devices only; see the package

@@ -14,7 +14,12 @@ static int post_send(struct ibv_qp *qp, uint64_t wrid, int opcode, int flags, st
 	wr.send_flags = flags;
 	wr.sg_list = nsge ? sge : NULL;
 	wr.num_sge = nsge;
-	if (opcode == IBV_WR_SEND_WITH_INV) wr.invalidate_rkey = inv_rkey;
+	if (opcode == IBV_WR_SEND_WITH_INV) {
+		wr.invalidate_rkey = inv_rkey;
+		// libsiw (rdma-core 44) sends the STag in wr.rdma.rkey, not
+		// invalidate_rkey; other providers ignore wr.rdma for a Send.
+		wr.wr.rdma.rkey = inv_rkey;
+	}
 	if (opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_READ) {
 		wr.wr.rdma.remote_addr = raddr;
 		wr.wr.rdma.rkey = rkey;
@@ -75,33 +80,36 @@ type wrInfo struct {
 
 // queuePair is an RC queue pair connected with RDMA-CM.
 type queuePair struct {
-	p      *Provider
-	pd     *verbs.ProtectionDomain
-	h      *hook
-	ch     *C.struct_rdma_event_channel
-	id     *C.struct_rdma_cm_id
-	qp     *C.struct_ibv_qp
-	cc     *C.struct_ibv_comp_channel
-	cq     *C.struct_ibv_cq
-	sendCQ *verbs.SoftCQ
-	recvCQ *verbs.SoftCQ
-	maxSGE int
+	p       *Provider
+	pd      *verbs.ProtectionDomain
+	h       *hook
+	ch      *C.struct_rdma_event_channel
+	id      *C.struct_rdma_cm_id
+	qp      *C.struct_ibv_qp
+	cc      *C.struct_ibv_comp_channel
+	cq      *C.struct_ibv_cq
+	sendCQ  *verbs.SoftCQ
+	recvCQ  *verbs.SoftCQ
+	maxSGE  int
+	maxRead int
 
 	peerPD   []byte
 	ird, ord int
 	local    net.Addr
 	remote   net.Addr
 
-	mu      sync.Mutex
-	wrs     map[uint64]wrInfo
-	nextID  uint64
-	err     error
-	closing bool
-	done    chan struct{}
+	mu        sync.Mutex
+	wrs       map[uint64]wrInfo
+	nextID    uint64
+	err       error
+	closing   bool
+	connected bool // the RDMA-CM connection was established
+	done      chan struct{}
 
 	stop      chan struct{} // closed by Close: the event loops end
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	discOnce  sync.Once
 }
 
 var _ verbs.QueuePair = (*queuePair)(nil)
@@ -124,7 +132,7 @@ func (p *Provider) newQP(ch *C.struct_rdma_event_channel, id *C.struct_rdma_cm_i
 	if !ok || h.p != p {
 		return nil, fmt.Errorf("%w: protection domain not made by this provider's NewProtectionDomain", verbs.ErrInvalidWR)
 	}
-	q := &queuePair{p: p, pd: pd, h: h, ch: ch, id: id, maxSGE: p.maxSGE,
+	q := &queuePair{p: p, pd: pd, h: h, ch: ch, id: id, maxSGE: p.maxSGE, maxRead: p.maxRead,
 		wrs: make(map[uint64]wrInfo), done: make(chan struct{}), stop: make(chan struct{})}
 	var err error
 	if q.sendCQ, err = softCQ(params.SendCQ); err != nil {
@@ -174,11 +182,15 @@ func softCQ(cq verbs.CompletionQueue) (*verbs.SoftCQ, error) {
 
 // PostSend queues a send work request.
 func (q *queuePair) PostSend(wr verbs.SendWR) error {
-	if err := checkSend(&wr, q.maxSGE); err != nil {
+	if err := checkSend(&wr, q.maxSGE, q.maxRead); err != nil {
 		return err
 	}
+	var need verbs.Access
+	if wr.Opcode == verbs.OpRDMARead {
+		need = verbs.AccessLocalWrite // the sink
+	}
 	var sge [verbs.MaxSGE]C.struct_ibv_sge
-	if err := q.h.sges(wr.SGL, sge[:]); err != nil {
+	if err := q.h.sges(wr.SGL, sge[:], need); err != nil {
 		return fmt.Errorf("ibverbs: post send: %w", err)
 	}
 	var op C.int
@@ -220,7 +232,7 @@ func (q *queuePair) PostRecv(wr verbs.RecvWR) error {
 		return err
 	}
 	var sge [verbs.MaxSGE]C.struct_ibv_sge
-	if err := q.h.sges(wr.SGL, sge[:]); err != nil {
+	if err := q.h.sges(wr.SGL, sge[:], verbs.AccessLocalWrite); err != nil {
 		return fmt.Errorf("ibverbs: post receive: %w", err)
 	}
 	q.mu.Lock()
@@ -239,7 +251,9 @@ func (q *queuePair) PostRecv(wr verbs.RecvWR) error {
 }
 
 // fail breaks the queue pair with err (the first reason wins): the queue
-// pair moves to the error state, so the device flushes what is posted.
+// pair moves to the error state, so the device flushes what is posted,
+// and a connected queue pair disconnects, so the peer learns of it
+// (RDMA-CM DISCONNECTED) even where the device tells it nothing.
 func (q *queuePair) fail(err error) {
 	q.mu.Lock()
 	if q.err != nil {
@@ -248,10 +262,34 @@ func (q *queuePair) fail(err error) {
 	}
 	q.err = err
 	close(q.done)
+	connected := q.connected
 	q.mu.Unlock()
 	if q.qp != nil {
 		C.qp_to_error(q.qp)
 	}
+	if connected {
+		q.disconnect()
+	}
+}
+
+// established records that the connection is up, then watches its
+// RDMA-CM events.
+func (q *queuePair) established() {
+	q.addrs()
+	q.mu.Lock()
+	q.connected = true
+	broken := q.err != nil
+	q.mu.Unlock()
+	if broken {
+		q.disconnect()
+	}
+	q.wg.Add(1)
+	go q.cmLoop()
+}
+
+// disconnect sends the RDMA-CM disconnect once.
+func (q *queuePair) disconnect() {
+	q.discOnce.Do(func() { C.rdma_disconnect(q.id) })
 }
 
 // destroy releases the device objects (after the loops ended).
@@ -284,7 +322,7 @@ func (q *queuePair) Close() error {
 	q.closeOnce.Do(func() {
 		q.fail(fmt.Errorf("ibverbs: %w", verbs.ErrClosed))
 		if q.id != nil {
-			C.rdma_disconnect(q.id)
+			q.disconnect()
 		}
 		q.mu.Lock()
 		q.closing = true

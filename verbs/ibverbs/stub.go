@@ -27,6 +27,12 @@ func (p *Provider) Device() DeviceInfo { return DeviceInfo{} }
 // Port returns 0.
 func (p *Provider) Port() int { return 0 }
 
+// MaxSGE returns 0.
+func (p *Provider) MaxSGE() int { return 0 }
+
+// MaxReadSGE returns 0.
+func (p *Provider) MaxReadSGE() int { return 0 }
+
 // RemoteInvalidate reports false.
 func (p *Provider) RemoteInvalidate() bool { return false }
 

@@ -1,0 +1,69 @@
+//go:build guestrdma
+
+package ibverbs_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/ibverbs"
+	"github.com/rdmafs/rdmafs/verbs/verbstest"
+)
+
+// deviceCaps states where the rdma-core provider on p's device differs
+// from the API's reference behaviour, and why.
+func deviceCaps(p *ibverbs.Provider) verbstest.Caps {
+	n := p.MaxSGE()
+	c := verbstest.Caps{SendSGEs: n, RecvSGEs: n, ReadSinkSGEs: p.MaxReadSGE(),
+		ReadRefused: verbs.StatusRemoteAccessErr, RecvTooLong: verbs.StatusLocalLengthErr}
+	if p.Device().IWARP() {
+		// Kernel iWARP (siw): Writes and Sends complete when sent
+		// (RFC 5040), a Terminate follows; any STag of the protection
+		// domain can be invalidated remotely, but libsiw does not
+		// report the invalidation in the completion. A refused Read is
+		// flushed when the Terminate moves the queue pair to the error
+		// state, and siw serves Reads of regions without the remote
+		// read right (see verbstest.Caps).
+		c.RemoteInvalidate = true
+		c.WriteRefused = verbs.StatusSuccess
+		c.SendRefused = verbs.StatusSuccess
+		c.ReadRefused = verbs.StatusFlushed
+		c.ReadRightUnchecked = true
+		c.InvalidationUnreported = true
+		return c
+	}
+	// RoCE and InfiniBand: the responder NAKs a refused Write or Send;
+	// the CM pads private data; ibv_reg_mr regions cannot be
+	// invalidated remotely.
+	if p.Device().Name[:3] == "rxe" {
+		// rxe completes an overlong receive with IBV_WC_LOC_QP_OP_ERR.
+		c.RecvTooLong = verbs.StatusRemoteOpErr
+	}
+	c.WriteRefused = verbs.StatusRemoteAccessErr
+	c.SendRefused = verbs.StatusRemoteOpErr
+	c.SendInvRefused = verbs.StatusRemoteOpErr
+	c.PaddedPrivateData = true
+	return c
+}
+
+// TestGuestConformance runs the verbs conformance suite (package
+// verbstest, the same tests the pure-Go provider passes) against the
+// rdma-core provider on the device RDMAFS_CONFORMANCE_DEV, listening on
+// RDMAFS_CONFORMANCE_ADDR. TestKnfsdGuestRxeSiw runs it inside the knfsd
+// guest over siw0 and rxe0; on its own it fails, as there is no device to
+// test.
+func TestGuestConformance(t *testing.T) {
+	dev, addr := os.Getenv("RDMAFS_CONFORMANCE_DEV"), os.Getenv("RDMAFS_CONFORMANCE_ADDR")
+	if dev == "" || addr == "" {
+		t.Fatal("set RDMAFS_CONFORMANCE_DEV and RDMAFS_CONFORMANCE_ADDR; TestKnfsdGuestRxeSiw (make test-guest-rdma) runs this inside the knfsd guest")
+	}
+	p, err := ibverbs.Open(dev)
+	if err != nil {
+		t.Fatalf("open %s: %v", dev, err)
+	}
+	defer p.Close()
+	caps := deviceCaps(p)
+	t.Logf("%v: %+v", p, caps)
+	verbstest.Run(t, verbstest.Target{Provider: p, ListenAddr: addr, Caps: caps})
+}
