@@ -460,12 +460,25 @@ func (r *Registration) MR() *verbs.MemoryRegion { return r.mr }
 // says so, the registration stays in use, and the caller must close the
 // connection and call Invalidate again before reusing the memory.
 func (r *Registration) Invalidate(ctx context.Context) error {
+	_, _, err := r.InvalidatePlaced(ctx)
+	return err
+}
+
+// InvalidatePlaced is Invalidate that also returns how many bytes from the
+// start of the exposed buffer the peer wrote, without a gap, during the
+// exposure, as the provider saw them land (verbs.MemoryRegion.Placed),
+// counted when no placement can run any more and before the region is
+// reused. ok is false with a hardware provider, which does not report
+// placements. A responder whose Write chunk claims more than was placed
+// left stale bytes in the buffer (RFC 8166 s3.4.6).
+func (r *Registration) InvalidatePlaced(ctx context.Context) (placed int, ok bool, err error) {
 	if r == nil || !r.live {
-		return nil
+		return 0, false, nil
 	}
 	if err := r.mr.InvalidateContext(ctx); err != nil {
-		return fmt.Errorf("mrcache: invalidate STag %#08x: %w", r.STag, err)
+		return 0, false, fmt.Errorf("mrcache: invalidate STag %#08x: %w", r.STag, err)
 	}
+	n, ok := r.mr.Placed()
 	r.live = false
 	p := r.pool
 	p.mu.Lock()
@@ -478,7 +491,7 @@ func (r *Registration) Invalidate(ctx context.Context) error {
 		p.idleFR = append(p.idleFR, r)
 		p.mu.Unlock()
 	}
-	return nil
+	return int(n), ok, nil
 }
 
 // Stats returns the pool's counters.

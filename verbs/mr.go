@@ -70,6 +70,10 @@ func HookOf(pd *ProtectionDomain) RegistrationHook { return pd.hook }
 // MemoryRegion is registered memory. Its STag (the iWARP name; lkey and
 // rkey in InfiniBand terms) is index<<8 | key; the 8-bit key changes on
 // every Reregister and FastRegister so a stale STag never matches again.
+// When a region has used all 256 keys of its index, the software domain
+// moves it to a fresh index (indexes are handed out round robin), so an
+// STag comes back only after some 2^32 bindings (RFC 8166 s8.1.2:
+// unpredictable, not reused handles).
 //
 // A region is either registered memory of its own (RegisterMemory: the
 // transport's slab chunks, as ibv_reg_mr) or a fast-registration region
@@ -91,6 +95,24 @@ type MemoryRegion struct {
 	offset  uint64        // where buf starts in parent
 	busy    int           // provider accesses in progress (Begin .. End)
 	waiters int           // Invalidate calls waiting for busy to drop
+	// aborters are the accesses in progress that an invalidation can
+	// stop (BeginAccess with an Aborter).
+	aborters []Aborter
+	// placed is how many bytes from the start the peer has written
+	// without a gap since the region was bound (EndAccess).
+	placed uint64
+}
+
+// Aborter is implemented by a provider whose access to a region can wait
+// for the peer: a placement whose payload the peer stalls, a Read
+// Response the peer does not take. An invalidation of the region calls
+// AbortAccess of each such access in progress, with the domain's lock
+// held; the provider then stops the transfer at once (and breaks the
+// connection, RFC 8166 s8.1.4) and ends the access, instead of letting the
+// invalidation wait for the peer. AbortAccess must not block and must not
+// call into the domain.
+type Aborter interface {
+	AbortAccess()
 }
 
 // RegisterMemory registers buf with the given access rights. The region is
@@ -212,6 +234,13 @@ func (pd *ProtectionDomain) Resolve(stag uint32, need Access, off, n uint64) ([]
 // read or written for the peer any more, even by a placement that had
 // already started (RFC 8166 s8.1).
 func (pd *ProtectionDomain) Begin(stag uint32, need Access, off, n uint64) ([]byte, *MemoryRegion, error) {
+	return pd.BeginAccess(stag, need, off, n, nil)
+}
+
+// BeginAccess is Begin for an access that an invalidation may stop: until
+// EndAccess, invalidating the region calls a.AbortAccess (see Aborter).
+// A nil a makes it Begin.
+func (pd *ProtectionDomain) BeginAccess(stag uint32, need Access, off, n uint64, a Aborter) ([]byte, *MemoryRegion, error) {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	mr, err := pd.lookupLocked(stag, need, off, n)
@@ -219,17 +248,55 @@ func (pd *ProtectionDomain) Begin(stag uint32, need Access, off, n uint64) ([]by
 		return nil, nil, err
 	}
 	mr.busy++
+	if a != nil {
+		mr.aborters = append(mr.aborters, a)
+	}
 	return mr.buf[off : off+n : off+n], mr, nil
 }
 
 // End ends an access that Begin started.
-func (mr *MemoryRegion) End() {
+func (mr *MemoryRegion) End() { mr.EndAccess(nil, 0, 0) }
+
+// EndAccess ends an access that BeginAccess started with a. A provider
+// that wrote data of the peer into the region reports it as placed bytes
+// at off (0 for a read, or a write that did not complete), so that the
+// upper layer learns how much the peer really wrote (Placed).
+func (mr *MemoryRegion) EndAccess(a Aborter, off, placed uint64) {
 	mr.pd.mu.Lock()
+	if a != nil {
+		for i, x := range mr.aborters {
+			if x == a {
+				last := len(mr.aborters) - 1
+				mr.aborters[i] = mr.aborters[last]
+				mr.aborters[last] = nil
+				mr.aborters = mr.aborters[:last]
+				break
+			}
+		}
+	}
+	if placed > 0 && off <= mr.placed && off+placed > mr.placed {
+		mr.placed = off + placed
+	}
 	mr.busy--
 	if mr.busy == 0 && mr.waiters > 0 {
 		mr.pd.idle.Broadcast()
 	}
 	mr.pd.mu.Unlock()
+}
+
+// Placed returns how many bytes from the region's start the peer has
+// written, without a gap, since the region was registered or bound last
+// (RDMA Writes and Read Responses placed by a provider that reports them
+// with EndAccess). It stays readable after invalidation, until the region
+// is bound again: an upper layer checks a responder's claimed Write chunk
+// length against it (RFC 8166 s3.4.6: only bytes the responder wrote are
+// data). Writes that leave a gap are not counted beyond it. ok is false
+// when the domain cannot know: hardware (a domain with a
+// RegistrationHook) places data without the domain seeing it.
+func (mr *MemoryRegion) Placed() (n uint64, ok bool) {
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	return mr.placed, mr.pd.hook == nil
 }
 
 func (pd *ProtectionDomain) lookupLocked(stag uint32, need Access, off, n uint64) (*MemoryRegion, error) {
@@ -278,6 +345,12 @@ func (mr *MemoryRegion) invalidateLocked() error {
 	mr.valid = false
 	if mr.access.Remote() {
 		mr.pd.liveRem--
+	}
+	// RFC 8166 s8.1.3: once invalid, no byte may be read or written for
+	// the peer any more; accesses waiting for the peer stop now rather
+	// than when the peer goes on.
+	for _, a := range mr.aborters {
+		a.AbortAccess()
 	}
 	return nil
 }
@@ -372,10 +445,11 @@ func (mr *MemoryRegion) Local(need Access, off uint64, n uint32) ([]byte, error)
 
 // Invalidate invalidates the region locally: its STag stops working for
 // both sides until it is registered again, and Invalidate waits until
-// provider accesses already in progress have ended. Such an access
-// stalls only while the peer stalls a transfer; closing the queue pair
-// ends it (see InvalidateContext). Invalidating an invalid region only
-// waits.
+// provider accesses already in progress have ended. An access that waits
+// for the peer is stopped at once if the provider registered an Aborter
+// (the iWARP provider does); otherwise it stalls while the peer stalls a
+// transfer, and closing the queue pair ends it (see InvalidateContext).
+// Invalidating an invalid region only waits.
 func (mr *MemoryRegion) Invalidate() error {
 	return mr.InvalidateContext(context.Background())
 }
@@ -427,9 +501,18 @@ func (mr *MemoryRegion) rekeyLocked(access Access) (uint32, error) {
 		if err := mr.pd.indexLocked(mr); err != nil {
 			return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
 		}
+	} else if key := (old + 1) & 0xff; key != 0 {
+		mr.stag = old&^0xff | key
+	} else if idx, err := mr.pd.allocIndex(); err == nil {
+		// Every key of this index was used: a fresh index keeps a
+		// stale STag from matching again (RFC 8166 s8.1.2).
+		mr.pd.unindexLocked(mr)
+		mr.stag = idx << 8
+		mr.pd.regions[idx] = mr
 	} else {
-		mr.stag = old&^0xff | (old+1)&0xff
+		mr.stag = old &^ 0xff // no free index: the key wraps
 	}
+	mr.placed = 0
 	mr.valid = true
 	if access.Remote() {
 		mr.pd.liveRem++

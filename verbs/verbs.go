@@ -236,9 +236,11 @@ type ConnParams struct {
 
 // QueuePair is a connected, reliable queue pair.
 type QueuePair interface {
-	// PostSend queues a send work request. It returns an error only
-	// for a malformed request; on a broken queue pair the request
-	// completes with StatusFlushed.
+	// PostSend queues a send work request. It returns an error for a
+	// malformed request, and one wrapping ErrQueueFull when as many send
+	// requests are outstanding (posted, not completed) as the provider
+	// allows; on a broken queue pair the request completes with
+	// StatusFlushed.
 	PostSend(wr SendWR) error
 	// PostRecv posts a receive buffer. On a broken queue pair the
 	// buffer completes with StatusFlushed.
@@ -327,4 +329,7 @@ var (
 	ErrAccess = errors.New("verbs: access rights violation")
 	// ErrInvalidWR: a malformed work request.
 	ErrInvalidWR = errors.New("verbs: invalid work request")
+	// ErrQueueFull: the send queue holds as many outstanding work
+	// requests as it may; wait for completions and post again.
+	ErrQueueFull = errors.New("verbs: send queue full")
 )

@@ -49,16 +49,28 @@ func TestMemoryRegionLifecycle(t *testing.T) {
 	if _, err := pd.Resolve(s1, AccessRemoteRead, 0, 1); !errors.Is(err, ErrInvalidSTag) {
 		t.Fatalf("invalidated region resolves: %v", err)
 	}
+	// Every registration gets an STag never seen before: the key turns
+	// over 255 times on the index, then the region moves to a fresh
+	// index (RFC 8166 s8.1.2), and an old STag stays dead.
 	seen := map[uint32]bool{s1: true}
-	for range 300 {
+	for i := range 600 {
 		s, err := mr.Reregister(AccessRemoteWrite)
-		if err != nil || s>>8 != s1>>8 || pd.LiveRemoteRegions() != 1 {
+		if err != nil || pd.LiveRemoteRegions() != 1 {
 			t.Fatalf("reregister: %#x %v", s, err)
 		}
-		if len(seen) < 256 && seen[s] {
-			t.Fatalf("key reused early: %#x", s)
+		if seen[s] {
+			t.Fatalf("registration %d reused STag %#x", i, s)
+		}
+		if (s>>8 == s1>>8) != (i < 255) {
+			t.Fatalf("registration %d: STag %#x, first %#x: the index must change once its keys are used up", i, s, s1)
 		}
 		seen[s] = true
+		if _, err := pd.Resolve(s1, AccessRemoteWrite, 0, 1); !errors.Is(err, ErrInvalidSTag) {
+			t.Fatalf("first STag %#x resolves after registration %d (%#x): %v", s1, i, s, err)
+		}
+	}
+	if n := len(pd.regions); n != 2 {
+		t.Fatalf("%d indexes in use for 2 regions", n)
 	}
 	if err := pd.InvalidateRemote(mr.STag()); err != nil || pd.LiveRemoteRegions() != 0 {
 		t.Fatalf("remote invalidate: %v", err)
@@ -253,12 +265,13 @@ func TestFastRegisterWindow(t *testing.T) {
 		t.Fatalf("rebound window keeps the old rights: %v", err)
 	}
 	// Remote invalidation (Send With Invalidate) unbinds it as well, and
-	// 256 more bindings never reuse a key early.
+	// no later binding reuses an STag, even once the index's 256 keys
+	// are used up (RFC 8166 s8.1.2).
 	if err := pd.InvalidateRemote(s2); err != nil || fr.Valid() {
 		t.Fatalf("remote invalidate: %v", err)
 	}
 	seen := map[uint32]bool{s1: true, s2: true}
-	for i := range 253 {
+	for i := range 600 {
 		s, err := fr.FastRegister(parent, uint64(i), 1, AccessRemoteWrite)
 		if err != nil || seen[s] {
 			t.Fatalf("binding %d: %#x (seen %v), %v", i, s, seen[s], err)
@@ -398,5 +411,130 @@ func TestInvalidateWaitsForAccess(t *testing.T) {
 				t.Fatalf("deregister after End: %v", err)
 			}
 		})
+	}
+}
+
+// abortCounter is an Aborter that counts its calls (under the domain's
+// lock, where AbortAccess runs).
+type abortCounter struct{ n int }
+
+func (a *abortCounter) AbortAccess() { a.n++ }
+
+// TestInvalidateAbortsAccess: invalidating a region (locally, remotely,
+// by reregistering or deregistering it) stops the stoppable accesses in
+// progress at once, and only those still in progress; a local
+// invalidation then waits for them to end. testing/synctest detects that
+// the invalidation is blocked (no sleeps).
+func TestInvalidateAbortsAccess(t *testing.T) {
+	for _, how := range []string{"invalidate", "remote", "reregister", "deregister"} {
+		synctest.Test(t, func(t *testing.T) {
+			pd := NewProtectionDomain()
+			mr, err := pd.RegisterMemory(make([]byte, 64), AccessRemoteWrite|AccessRemoteRead)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var a, b, ended abortCounter
+			for i, x := range []*abortCounter{&a, &b, &ended} {
+				if _, acc, err := pd.BeginAccess(mr.STag(), AccessRemoteRead, uint64(8*i), 8, x); err != nil || acc != mr {
+					t.Fatal(err)
+				}
+			}
+			mr.EndAccess(&ended, 0, 0) // it ends before the invalidation
+			done := make(chan error, 1)
+			switch how {
+			case "invalidate":
+				go func() { done <- mr.Invalidate() }()
+			case "remote":
+				// A Send With Invalidate does not wait (RFC 5040
+				// s5.3); the upper layer's own Invalidate does.
+				done <- pd.InvalidateRemote(mr.STag())
+			case "reregister":
+				go func() { _, err := mr.Reregister(AccessRemoteRead); done <- err }()
+			case "deregister":
+				go func() { done <- mr.Deregister() }()
+			}
+			synctest.Wait()
+			pd.mu.Lock()
+			na, nb, ne := a.n, b.n, ended.n
+			pd.mu.Unlock()
+			if na != 1 || nb != 1 || ne != 0 {
+				t.Fatalf("%s: aborts of the accesses in progress %d and %d, of the ended one %d; want 1, 1, 0", how, na, nb, ne)
+			}
+			if how != "remote" {
+				select {
+				case err := <-done:
+					t.Fatalf("%s returned %v while accesses were in progress", how, err)
+				default:
+				}
+			}
+			mr.EndAccess(&a, 0, 0)
+			mr.EndAccess(&b, 0, 0)
+			if err := <-done; err != nil {
+				t.Fatalf("%s: %v", how, err)
+			}
+			pd.mu.Lock()
+			left, busy := len(mr.aborters), mr.busy
+			pd.mu.Unlock()
+			if left != 0 || busy != 0 {
+				t.Fatalf("%d aborters, %d accesses left", left, busy)
+			}
+		})
+	}
+}
+
+// TestPlaced: a region counts the bytes the peer placed from its start
+// without a gap (RFC 8166 s3.4.6: only those are data), per binding; a
+// domain with a registration hook (hardware) cannot know.
+func TestPlaced(t *testing.T) {
+	pd := NewProtectionDomain()
+	parent, _ := pd.RegisterMemory(make([]byte, 1000), AccessLocalWrite)
+	fr, _ := pd.AllocFastReg()
+	stag, err := fr.FastRegister(parent, 100, 500, AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	place := func(off, n, placed uint64) {
+		t.Helper()
+		_, mr, err := pd.BeginAccess(stag, AccessRemoteWrite, off, n, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mr.EndAccess(nil, off, placed)
+	}
+	for _, step := range []struct {
+		off, n, placed uint64 // one placement: [off, +n), placed bytes of it
+		want           uint64
+	}{
+		{0, 100, 100, 100},
+		{200, 100, 100, 100}, // a gap: not counted
+		{100, 50, 0, 100},    // a placement that did not complete
+		{100, 50, 50, 150},
+		{50, 150, 150, 200}, // overlapping
+		{0, 10, 10, 200},    // rewriting the start
+		{200, 300, 300, 500},
+	} {
+		place(step.off, step.n, step.placed)
+		if got, ok := fr.Placed(); got != step.want || !ok {
+			t.Fatalf("after [%d,+%d) placed %d: Placed %d %v, want %d", step.off, step.n, step.placed, got, ok, step.want)
+		}
+	}
+	// It stays readable after the invalidation; a new binding starts
+	// from 0.
+	if err := fr.Invalidate(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := fr.Placed(); got != 500 {
+		t.Fatalf("Placed after invalidation: %d", got)
+	}
+	if stag, err = fr.FastRegister(parent, 0, 10, AccessRemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := fr.Placed(); got != 0 {
+		t.Fatalf("Placed of a new binding: %d", got)
+	}
+	hpd := NewProtectionDomainWithHook(&reuseHook{used: map[uint32]bool{}, of: map[*MemoryRegion]uint32{}})
+	hmr, _ := hpd.RegisterMemory(make([]byte, 10), AccessRemoteWrite)
+	if _, ok := hmr.Placed(); ok {
+		t.Fatal("a hardware domain claims to know what was placed")
 	}
 }

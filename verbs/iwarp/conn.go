@@ -5,8 +5,10 @@
 //
 // Tagged data (RDMA Write, Read Response) is placed after the STag, access
 // rights and bounds have been checked; a violation sends a Terminate and
-// breaks the queue pair. The region stays busy while its data is placed,
-// so an invalidation waits for the placement (verbs.ProtectionDomain.Begin).
+// breaks the queue pair. The region stays busy while its data is placed
+// or read for a Read Response, so an invalidation waits for the transfer
+// (verbs.ProtectionDomain.BeginAccess), and stops it when it waits for the
+// peer: the rest never lands or leaves, and the queue pair breaks.
 // Payloads of 16 KiB and more are read from the socket straight into
 // place, and the stream then stays unbuffered while the peer keeps sending
 // large FPDUs; small FPDUs (Linux siw sends one per TCP segment) go through
@@ -34,6 +36,13 @@ var (
 
 // defaultHandshakeTimeout bounds the passive side's MPA exchange.
 const defaultHandshakeTimeout = 30 * time.Second
+
+// maxPendingConns bounds the connections a Listener holds that are not
+// yet accepted (in the MPA exchange, or established and waiting for
+// Accept): each holds goroutines and buffers, and a peer that opens
+// connections and stays silent must not make them grow without limit
+// (RFC 5042 s6.4). Further connections are closed at once.
+const maxPendingConns = 64
 
 // params are ConnParams with defaults applied.
 type params struct {
@@ -157,12 +166,13 @@ func Connect(ctx context.Context, conn net.Conn, p *verbs.ConnParams) (*QP, erro
 // Listener is the passive side of the iWARP provider. It implements
 // verbs.Listener.
 type Listener struct {
-	ln    net.Listener
-	p     *params
-	ready chan *QP
-	done  chan struct{}
-	once  sync.Once
-	wg    sync.WaitGroup
+	ln      net.Listener
+	p       *params
+	ready   chan *QP
+	done    chan struct{}
+	pending chan struct{} // a slot per connection not yet accepted
+	once    sync.Once
+	wg      sync.WaitGroup
 }
 
 var _ verbs.Listener = (*Listener)(nil)
@@ -181,7 +191,8 @@ func Listen(addr string, p *verbs.ConnParams) (*Listener, error) {
 
 // NewListener serves MPA on an existing net.Listener.
 func NewListener(ln net.Listener, p *verbs.ConnParams) *Listener {
-	l := &Listener{ln: ln, p: newParams(p), ready: make(chan *QP), done: make(chan struct{})}
+	l := &Listener{ln: ln, p: newParams(p), ready: make(chan *QP), done: make(chan struct{}),
+		pending: make(chan struct{}, maxPendingConns)}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l
@@ -202,6 +213,12 @@ func (l *Listener) acceptLoop() {
 			}
 			continue
 		}
+		select {
+		case l.pending <- struct{}{}:
+		default:
+			_ = conn.Close() // too many connections not yet accepted
+			continue
+		}
 		l.wg.Add(1)
 		go l.handshake(conn)
 	}
@@ -209,6 +226,7 @@ func (l *Listener) acceptLoop() {
 
 func (l *Listener) handshake(conn net.Conn) {
 	defer l.wg.Done()
+	defer func() { <-l.pending }()
 	ctx, cancel := context.WithTimeout(context.Background(), defaultHandshakeTimeout)
 	defer cancel()
 	go func() {

@@ -1,6 +1,7 @@
 package iwarp
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"testing"
@@ -216,6 +217,126 @@ func TestSendAllocs(t *testing.T) {
 			if allocs != 0 {
 				t.Fatalf("%v allocations per PostSend and completion poll of a %d-byte Send, want 0", allocs, size)
 			}
+		})
+	}
+}
+
+// TestFastRegWindowExact: a scripted peer given a 4 KiB fast-registered
+// window of a larger region can RDMA Write and Read exactly the window;
+// one byte before or after it, or the window's STag once the region was
+// invalidated or bound again to another range (same index, new key), is
+// refused with the RFC 5040 s7 Terminate, no byte of the parent outside
+// the window changes and no byte of it is sent (RFC 8166 s8.1).
+func TestFastRegWindowExact(t *testing.T) {
+	const guard, window = 8192, 4096
+	type access struct {
+		write bool
+		off   uint64 // from the window's start; 1<<64-1 is the byte before
+		n     int
+	}
+	for _, tc := range []struct {
+		name  string
+		a     access
+		stale string // "", "invalidated" or "rebound"
+		code  byte   // Terminate code; 0xff: none, the access succeeds
+	}{
+		{"write the window", access{true, 0, window}, "", 0xff},
+		{"read the window", access{false, 0, window}, "", 0xff},
+		{"write the byte before", access{true, 1<<64 - 1, 1}, "", DDPCodeTBaseBounds},
+		{"write the byte after", access{true, window, 1}, "", DDPCodeTBaseBounds},
+		{"write one byte too many", access{true, 0, window + 1}, "", DDPCodeTBaseBounds},
+		{"read the byte before", access{false, 1<<64 - 1, 1}, "", RDMAPCodeBaseBounds},
+		{"read the byte after", access{false, window, 1}, "", RDMAPCodeBaseBounds},
+		{"read one byte too many", access{false, 0, window + 1}, "", RDMAPCodeBaseBounds},
+		{"write after invalidation", access{true, 0, 1}, "invalidated", DDPCodeTInvalidSTag},
+		{"read after invalidation", access{false, 0, 1}, "invalidated", RDMAPCodeInvalidSTag},
+		{"write after rebinding", access{true, 0, 1}, "rebound", DDPCodeTInvalidSTag},
+		{"read after rebinding", access{false, 0, 1}, "rebound", RDMAPCodeInvalidSTag},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pd := verbs.NewProtectionDomain()
+			qp, peer := newScriptPeer(t, &verbs.ConnParams{PD: pd})
+			parentBuf := make([]byte, guard+window+guard)
+			fillGuard(parentBuf)
+			parent := reg(t, pd, parentBuf, verbs.AccessLocalWrite)
+			fr, err := pd.AllocFastReg()
+			if err != nil {
+				t.Fatal(err)
+			}
+			stag, err := fr.FastRegister(parent, guard, window, verbs.AccessRemoteRead|verbs.AccessRemoteWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch tc.stale {
+			case "invalidated":
+				err = fr.Invalidate()
+			case "rebound":
+				// The bytes after the window, under a new key.
+				if err = fr.Invalidate(); err == nil {
+					var s2 uint32
+					s2, err = fr.FastRegister(parent, guard+window, window, verbs.AccessRemoteRead|verbs.AccessRemoteWrite)
+					if err == nil && (s2>>8 != stag>>8 || s2 == stag) {
+						t.Fatalf("rebinding: STag %#x after %#x", s2, stag)
+					}
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			const data = 0x5a
+			if tc.a.write {
+				peer.mustWrite(taggedFPDU(opWrite, true, stag, tc.a.off, bytes.Repeat([]byte{data}, tc.a.n)))
+			}
+			if !tc.a.write || tc.code == 0xff {
+				// A Read of the window (after a Write: it is served
+				// once the Write was placed, RFC 5040 s5.5).
+				a := tc.a
+				if a.write {
+					a = access{false, 0, window}
+				}
+				peer.mustWrite(peer.readRequestFPDU(readRequest{sinkSTag: 0x4200, size: uint32(a.n), srcSTag: stag, srcTO: a.off}))
+			}
+			if tc.code == 0xff {
+				got := 0
+				for got < window {
+					h, b, err := peer.next()
+					if err != nil || !h.tagged() || h.opcode() != opReadResp {
+						t.Fatalf("Read Response: %+v, %v", h, err)
+					}
+					want := byte(guardByte)
+					if tc.a.write {
+						want = data
+					}
+					if !bytes.Equal(b, bytes.Repeat([]byte{want}, len(b))) {
+						t.Fatalf("Read Response bytes at %d are not the window's", got)
+					}
+					got += len(b)
+				}
+				if qp.Err() != nil {
+					t.Fatal(qp.Err())
+				}
+			} else {
+				term, err := peer.terminate(func(h ddpHeader, _ []byte) {
+					t.Fatalf("the refused access sent %+v", h)
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				layer, etype := byte(LayerDDP), byte(DDPEtypeTaggedBuf)
+				if !tc.a.write {
+					layer, etype = LayerRDMAP, RDMAPEtypeRemoteProtection
+				}
+				if term.Layer != layer || term.EType != etype || term.Code != tc.code {
+					t.Fatalf("peer received %v, want layer %d etype %d code %#x", &term, layer, etype, tc.code)
+				}
+				peer.conn.Close()
+			}
+			qp.Close()
+			lo, hi := guard, guard+window
+			if tc.code != 0xff {
+				lo = hi // nothing may land
+			}
+			checkGuards(t, parentBuf, lo, hi)
 		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/verbstest"
 )
 
 // testTimeout only guards against hangs; no test relies on timing.
@@ -106,33 +107,12 @@ func postRecv(qp verbs.QueuePair, wrid uint64, buf []byte) error {
 	return qp.PostRecv(wr)
 }
 
-// pollN polls exactly n completions from cq.
-func pollN(t testing.TB, cq verbs.CompletionQueue, n int) []verbs.Completion {
-	t.Helper()
-	ctx := testCtx(t)
-	out := make([]verbs.Completion, 0, n)
-	buf := make([]verbs.Completion, 16)
-	for len(out) < n {
-		k, err := cq.Poll(ctx, buf[:min(len(buf), n-len(out))])
-		if err != nil {
-			t.Fatalf("poll: got %d of %d completions: %v", len(out), n, err)
-		}
-		out = append(out, buf[:k]...)
-	}
-	return out
-}
-
-func pollOne(t testing.TB, cq verbs.CompletionQueue) verbs.Completion {
-	t.Helper()
-	return pollN(t, cq, 1)[0]
-}
-
-func expect(t testing.TB, c verbs.Completion, wrid uint64, st verbs.Status, op verbs.Opcode) {
-	t.Helper()
-	if c.WRID != wrid || c.Status != st || c.Opcode != op {
-		t.Fatalf("completion %+v, want wrid %d status %v opcode %v", c, wrid, st, op)
-	}
-}
+// The completion helpers are the conformance suite's.
+var (
+	pollN   = verbstest.PollN
+	pollOne = verbstest.PollOne
+	expect  = verbstest.Expect
+)
 
 func randBytes(n int, seed uint64) []byte {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))

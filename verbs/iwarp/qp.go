@@ -2,6 +2,7 @@ package iwarp
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -22,6 +23,12 @@ const (
 	// teardownWait bounds how long a Terminate may take to leave and
 	// how long we drain the stream after one.
 	teardownWait = 5 * time.Second
+	// sendQueueDepth bounds the send work requests outstanding (posted
+	// and not yet completed), like max_send_wr of a hardware queue
+	// pair (verbs/ibverbs asks for the same): a peer that stops
+	// reading cannot make the queue grow without limit (RFC 8166
+	// s8.1.4, RFC 5042 s6.4).
+	sendQueueDepth = 1024
 )
 
 // sqEntry is a posted send work request, its gather list resolved.
@@ -82,6 +89,10 @@ type QP struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 
+	// Accesses to registered memory that an invalidation stops: the
+	// rx goroutine's placement and the responder's Read Response.
+	rxStop, respStop stopper
+
 	// copied counts payload bytes placed by way of the buffered reader
 	// (a user-space copy) rather than read straight into place.
 	copied atomic.Uint64
@@ -91,10 +102,14 @@ type QP struct {
 	maxIRQ      atomic.Int32 // most inbound reads queued at once
 	termWritten chan struct{}
 	termStarted atomic.Bool
-	rxSeen      atomic.Bool  // an FPDU has arrived
-	kicks       atomic.Int32 // zero-length Writes sent by kickLoop
-	kick        bool         // active side: run kickLoop after the first transmission
-	kickStarted bool         // owned by the tx goroutine
+	closing     chan struct{} // closed when Close starts
+	rxSeen      atomic.Bool   // an FPDU has arrived
+	kicks       atomic.Int32  // zero-length Writes sent by kickLoop
+	kick        bool          // active side: run kickLoop after the first transmission
+	kickStarted bool          // owned by the tx goroutine
+	// onPlace and onServe, set before the queue pair starts (Setup),
+	// run when a tagged placement or a Read Response has its region.
+	onPlace, onServe func()
 
 	// Used by the tx goroutine only.
 	sendMSN, readMSN uint32
@@ -111,6 +126,7 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 		done:        make(chan struct{}),
 		irq:         make(chan readRequest, max(n.ird, 1)),
 		termWritten: make(chan struct{}),
+		closing:     make(chan struct{}),
 		sendMSN:     1, readMSN: 1,
 	}
 	if q.pd == nil {
@@ -124,6 +140,8 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 	}
 	q.cond.L = &q.mu
 	q.w.conn, q.w.crc = conn, n.crc
+	q.rxStop.q = q
+	q.respStop.q, q.respStop.write = q, true
 	return q
 }
 
@@ -161,6 +179,9 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 		}
 		for i, sge := range wr.SGL {
 			b, err := localSGE(sge, 0)
+			if err == nil && sge.MR.PD() != q.pd {
+				err = errOtherPD
+			}
 			if err != nil {
 				return fmt.Errorf("iwarp: post %v: SGE %d: %w: %w", wr.Opcode, i, verbs.ErrInvalidWR, err)
 			}
@@ -183,6 +204,9 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.sq.len() >= sendQueueDepth {
+		return fmt.Errorf("iwarp: post %v: %d send work requests outstanding: %w", wr.Opcode, q.sq.len(), verbs.ErrQueueFull)
+	}
 	if q.err != nil {
 		e.done, e.status = true, verbs.StatusFlushed
 		q.sq.push(e)
@@ -193,6 +217,10 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 	q.cond.Broadcast()
 	return nil
 }
+
+// errOtherPD: a work request named memory of another protection domain
+// (a local protection error on hardware).
+var errOtherPD = errors.New("memory region of another protection domain")
 
 // localSGE resolves a local scatter/gather element.
 func localSGE(sge verbs.SGE, need verbs.Access) ([]byte, error) {
@@ -208,6 +236,9 @@ func (q *QP) PostRecv(wr verbs.RecvWR) error {
 		return fmt.Errorf("iwarp: post receive with %d SGEs (the provider places a Send into one): %w", len(wr.SGL), verbs.ErrInvalidWR)
 	}
 	buf, err := localSGE(wr.SGL[0], verbs.AccessLocalWrite)
+	if err == nil && wr.SGL[0].MR.PD() != q.pd {
+		err = errOtherPD
+	}
 	if err != nil {
 		return fmt.Errorf("iwarp: post receive: %w: %w", verbs.ErrInvalidWR, err)
 	}
@@ -256,6 +287,10 @@ func (q *QP) releaseLocked() {
 func (q *QP) setErr(err error) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.setErrLocked(err)
+}
+
+func (q *QP) setErrLocked(err error) bool {
 	if q.err != nil {
 		return false
 	}
@@ -346,9 +381,27 @@ func (q *QP) Err() error {
 func (q *QP) Done() <-chan struct{} { return q.done }
 
 // Close implements verbs.QueuePair.
+//
+// A Terminate being written is let out first, for at most teardownWait:
+// closing the connection under it would leave the peer with the end of
+// the stream and no reason (RFC 5040 s5.3: the Terminate is the last
+// message on the stream).
 func (q *QP) Close() error {
 	q.closeOnce.Do(func() {
+		if q.closing != nil {
+			close(q.closing)
+		}
 		q.setErr(fmt.Errorf("iwarp: queue pair: %w", verbs.ErrClosed))
+		// After setErr, a Terminate that won the error state has
+		// been started (terminate marks it under the same lock).
+		if q.termStarted.Load() {
+			t := time.NewTimer(teardownWait)
+			select {
+			case <-q.termWritten:
+			case <-t.C:
+			}
+			t.Stop()
+		}
 		_ = q.conn.Close()
 		q.wg.Wait()
 	})
@@ -359,11 +412,16 @@ func (q *QP) Close() error {
 // error and moves the queue pair to the error state. It returns at once;
 // the Terminate is written by its own goroutine.
 func (q *QP) terminate(t Terminate, cause error) bool {
-	if !q.setErr(&TerminateError{Terminate: t, Sent: true, Cause: cause}) {
+	q.mu.Lock()
+	if !q.setErrLocked(&TerminateError{Terminate: t, Sent: true, Cause: cause}) {
+		q.mu.Unlock()
 		return false
 	}
+	// Under the lock that set the error: a Close that finds the error
+	// set also finds the Terminate started, and waits for it.
 	q.termStarted.Store(true)
 	q.wg.Add(1)
+	q.mu.Unlock()
 	go func() {
 		defer q.wg.Done()
 		defer close(q.termWritten)

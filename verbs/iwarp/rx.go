@@ -294,17 +294,7 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 	switch h.opcode() {
 	case opWrite:
 		if n > 0 {
-			// RFC 5041 s5.3: STag, rights and bounds are checked
-			// for every tagged segment; nothing lands outside.
-			// The region stays busy until the payload is in: an
-			// invalidation waits, so nothing lands after it.
-			dst, mr, err := q.pd.Begin(h.stag, verbs.AccessRemoteWrite, h.to, uint64(n))
-			if err != nil {
-				return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("inbound RDMA Write: %w", err))
-			}
-			err = q.placeTagged(rs, dst)
-			mr.End()
-			if err != nil {
+			if err := q.placeAccess(rs, h, n, verbs.AccessRemoteWrite, "inbound RDMA Write"); err != nil {
 				return err
 			}
 		}
@@ -326,13 +316,7 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTBaseBounds, fmt.Errorf("iwarp: Read Response [%d,+%d) does not continue [%d,+%d) at %d", h.to, n, r.sinkTO, r.size, r.got))
 		}
 		if n > 0 {
-			dst, mr, err := q.pd.Begin(h.stag, verbs.AccessLocalWrite, h.to, uint64(n))
-			if err != nil {
-				return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("inbound Read Response sink: %w", err))
-			}
-			err = q.placeTagged(rs, dst)
-			mr.End()
-			if err != nil {
+			if err := q.placeAccess(rs, h, n, verbs.AccessLocalWrite, "inbound Read Response sink"); err != nil {
 				return err
 			}
 		}
@@ -355,6 +339,44 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 		return rs.fault(LayerRDMAP, RDMAPEtypeRemoteOperation, RDMAPCodeUnexpectedOpcode, fmt.Errorf("iwarp: tagged segment with opcode %d", h.opcode()))
 	}
 }
+
+// placeAccess places the n-byte payload of tagged segment h into the
+// region h names (RFC 5041 s5.3: STag, rights and bounds are checked for
+// every tagged segment; nothing lands outside). The region stays busy
+// until the payload is in, so an invalidation waits for the placement;
+// if the invalidation comes while the payload is still on its way, it
+// stops the placement (stopper): the rest of the payload does not land
+// and the queue pair terminates with an invalid STag error, as for a
+// segment that arrives after the invalidation (RFC 8166 s8.1.3).
+func (q *QP) placeAccess(rs *rxState, h *ddpHeader, n int, need verbs.Access, what string) error {
+	q.rxStop.prepare()
+	dst, mr, err := q.pd.BeginAccess(h.stag, need, h.to, uint64(n), &q.rxStop)
+	if err != nil {
+		return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("%s: %w", what, err))
+	}
+	if q.onPlace != nil {
+		q.onPlace()
+	}
+	if q.rxStop.ioStart() {
+		err = q.placeTagged(rs, dst)
+	} else {
+		err = errStopped
+	}
+	stopped := q.rxStop.ioEnd()
+	if err != nil {
+		mr.EndAccess(&q.rxStop, 0, 0)
+		if stopped {
+			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTInvalidSTag,
+				fmt.Errorf("%s: STag %#08x invalidated during placement: %w: %w", what, h.stag, verbs.ErrInvalidSTag, err))
+		}
+		return err
+	}
+	mr.EndAccess(&q.rxStop, h.to, uint64(n))
+	return nil
+}
+
+// errStopped: an invalidation stopped an access before it began.
+var errStopped = errors.New("iwarp: access stopped by invalidation")
 
 // rxUntagged handles Sends, Read Requests and Terminates (RFC 5041 s5.2
 // untagged buffer model, RFC 5040 s5).

@@ -173,20 +173,21 @@ func (q *QP) respLoop() {
 // serveRead sends the Read Response for rr (RFC 5040 s5.2): tagged
 // segments to the requester's sink STag.
 func (q *QP) serveRead(rr readRequest) error {
-	var src []byte
-	var err error
 	// A zero-length Read names no memory and is not checked (Linux siw
 	// sends one with a dummy STag as ready-to-receive in peer-to-peer
 	// mode).
-	if rr.size > 0 {
-		var mr *verbs.MemoryRegion
-		// The region stays busy until the response is out: an
-		// invalidation waits for it, so nothing is read after it.
-		src, mr, err = q.pd.Begin(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size))
-		if err == nil {
-			defer mr.End()
-		}
+	if rr.size == 0 {
+		q.irqCount.Add(-1)
+		var hb [taggedHdrLen]byte
+		putTagged(hb[:], true, opReadResp, rr.sinkSTag, rr.sinkTO)
+		return q.w.write(hb[:])
 	}
+	// The region stays busy until the response is out: an invalidation
+	// waits for it, and stops it if the peer does not take it
+	// (stopper), so nothing is read after the invalidation returns
+	// (RFC 8166 s8.1.3).
+	q.respStop.prepare()
+	src, mr, err := q.pd.BeginAccess(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size), &q.respStop)
 	if err != nil {
 		q.irqCount.Add(-1)
 		code := byte(RDMAPCodeInvalidSTag)
@@ -196,12 +197,11 @@ func (q *QP) serveRead(rr readRequest) error {
 		case errors.Is(err, verbs.ErrAccess):
 			code = RDMAPCodeAccessRights
 		}
-		var rb [readReqLen]byte
-		rr.put(rb[:])
-		// RFC 5040 s7: remote protection error, with the offending
-		// Read Request header (R flag).
-		return &rxFault{t: Terminate{Layer: LayerRDMAP, EType: RDMAPEtypeRemoteProtection, Code: code, ReadRequest: rb[:]},
-			cause: fmt.Errorf("inbound RDMA Read: %w", err)}
+		return readFault(rr, code, fmt.Errorf("inbound RDMA Read: %w", err))
+	}
+	defer mr.EndAccess(&q.respStop, 0, 0)
+	if q.onServe != nil {
+		q.onServe()
 	}
 	var hb [taggedHdrLen]byte
 	maxPayload := q.maxULPDU - taggedHdrLen
@@ -215,7 +215,20 @@ func (q *QP) serveRead(rr readRequest) error {
 			q.irqCount.Add(-1)
 		}
 		putTagged(hb[:], last, opReadResp, rr.sinkSTag, rr.sinkTO+uint64(off))
-		if err := q.w.write(hb[:], src[off:off+k]); err != nil {
+		q.w.mu.Lock()
+		if !q.respStop.ioStart() {
+			q.w.mu.Unlock()
+			// Between two segments: the stream is intact, so the
+			// peer learns why its read ends (RFC 5040 s7).
+			return readFault(rr, RDMAPCodeInvalidSTag, fmt.Errorf("inbound RDMA Read: STag %#08x invalidated during the response: %w", rr.srcSTag, verbs.ErrInvalidSTag))
+		}
+		err := q.w.writeLocked(hb[:], [][]byte{src[off : off+k]})
+		stopped := q.respStop.ioEnd()
+		q.w.mu.Unlock()
+		if err != nil {
+			if stopped {
+				return fmt.Errorf("STag %#08x invalidated while its Read Response was sent: %w", rr.srcSTag, err)
+			}
 			return err
 		}
 		off += k
@@ -223,4 +236,13 @@ func (q *QP) serveRead(rr readRequest) error {
 			return nil
 		}
 	}
+}
+
+// readFault is the Terminate for an inbound RDMA Read that cannot be
+// served: a remote protection error with the offending Read Request
+// header (RFC 5040 s7, R flag).
+func readFault(rr readRequest, code byte, cause error) *rxFault {
+	var rb [readReqLen]byte
+	rr.put(rb[:])
+	return &rxFault{t: Terminate{Layer: LayerRDMAP, EType: RDMAPEtypeRemoteProtection, Code: code, ReadRequest: rb[:]}, cause: cause}
 }
