@@ -23,10 +23,7 @@ type conn struct {
 	t  *Transport
 	qp verbs.QueuePair
 
-	recvSize int // our receive buffers: the peer's largest Send
-	// privSendSize is the peer's inline receive size from RFC 8797
-	// private data: the version-1 send threshold.
-	privSendSize int
+	recvSize int // our receive buffers: the largest Send we accept
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -34,11 +31,12 @@ type conn struct {
 	mu       sync.Mutex
 	neg      negotiation // version and characteristics; guarded by mu
 	pending  map[uint32]*req
-	granted  int // credits the responder granted; 1 until the first reply
-	inflight int
+	granted  int      // credits the responder granted; 1 until the first reply
+	inflight int      // credits in use: calls, REQXCH, one-way messages
+	oneWay   []uint64 // sequence numbers of one-way messages holding a credit
 	wake     chan struct{}
 	sends    map[uint64]sendState
-	nextWR   uint64
+	nextWR   uint64 // also the sequence number of the last message posted
 	err      error
 	dead     chan struct{}
 	qpClosed chan struct{} // closed once the queue pair is closed: no access to our memory any more
@@ -48,6 +46,11 @@ type conn struct {
 	recvSGL   [][]verbs.SGE // each buffer's scatter list, made once
 	recvState []recvState
 	recvFree  []int // neither posted nor lent
+
+	// bcSlots bounds the backward direction: a slot per backward call
+	// being served or answered, up to the slots we offered (RFC 8167
+	// s4.1; the back channel's credits).
+	bcSlots chan struct{}
 }
 
 type recvState uint8
@@ -65,6 +68,12 @@ type sendState struct {
 	buf  []byte
 }
 
+// complete ends a Send: the send queue is done with its buffer.
+func (c *conn) complete(s sendState) {
+	close(s.done)
+	c.t.pool.Put(s.buf)
+}
+
 // dial connects to the responder and exchanges RFC 8797 private data.
 func (t *Transport) dial(ctx context.Context) (*conn, error) {
 	ours := PrivateData{Version: privDataVersion, RemoteInvalidate: t.cfg.AcceptInvalidate,
@@ -78,6 +87,13 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 		sends:    make(map[uint64]sendState),
 		dead:     make(chan struct{}),
 		qpClosed: make(chan struct{}),
+		bcSlots:  make(chan struct{}, t.cfg.BackchannelSlots),
+	}
+	if t.cfg.Version != Version1 {
+		// Version 2 receivers accept 4096-byte messages (v2 draft
+		// s2.3): with a smaller inline threshold the buffers are
+		// larger than it, and only the threshold stays small.
+		c.recvSize = max(c.recvSize, v2DefaultInline)
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	// A receive for every credit we may be granted plus the backward
@@ -128,8 +144,16 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 		return nil, fmt.Errorf("rdma connect %s: %w", t.addr, err)
 	}
 	c.qp = qp
-	c.privSendSize = min(peer.InlineRecv, t.cfg.InlineSend)
-	c.neg = t.startNegotiation(c.privSendSize)
+	// RFC 8166 s3.3.2: the call threshold is the smaller of our largest
+	// Send and the peer's largest Receive, the reply threshold the
+	// smaller of its largest Send and our Receives; without private
+	// data the peer's are 1024 (s3.3.3).
+	c.neg, err = t.startNegotiation(min(peer.InlineRecv, t.cfg.InlineSend), min(peer.InlineSend, t.cfg.InlineRecv), c.recvSize)
+	if err != nil {
+		qp.Close()
+		c.putRecvBufs()
+		return nil, err
+	}
 	t.tracef(trace.RDMA, "connect %s: peer private data found=%v send=%d recv=%d inv=%v; ours send=%d recv=%d credits=%d crc=%v version=%s",
 		t.addr, found, peer.InlineSend, peer.InlineRecv, peer.RemoteInvalidate, c.neg.sendSize, c.recvSize, t.cfg.Credits, qp.CRC(), c.neg.state())
 	go c.recvLoop()
@@ -233,7 +257,7 @@ func (c *conn) fail(err error) {
 	}
 	close(c.qpClosed)
 	for _, r := range pending {
-		r.invalidate(c)
+		_ = r.invalidate(c) // the connection is closed already
 		r.err = err
 		close(r.done)
 	}
@@ -271,46 +295,44 @@ func (c *conn) wakeLocked() {
 	c.wake = make(chan struct{})
 }
 
-// postSend sends the concatenation of pieces as one Send. The pieces are
-// copied into a registered send buffer (they are transport headers, RPC
-// headers and at most an inline threshold of arguments, as in
-// xprtrdma's send buffers); the returned channel is closed when the
-// send queue has completed the Send.
-func (c *conn) postSend(pieces [][]byte) (chan struct{}, error) {
+// sendBuffer copies the concatenation of pieces into a registered send
+// buffer (they are transport headers, RPC headers and at most an inline
+// threshold of arguments, as in xprtrdma's send buffers) and returns it
+// and the message length.
+func (c *conn) sendBuffer(ctx context.Context, pieces [][]byte) ([]byte, int, error) {
 	n := 0
 	for _, p := range pieces {
 		n += len(p)
 	}
-	buf, err := c.t.pool.GetWait(c.ctx, max(n, 1))
+	buf, err := c.t.pool.GetWait(ctx, max(n, 1))
 	if err != nil {
-		return nil, fmt.Errorf("rpcrdma: send buffer: %w", err)
+		return nil, 0, fmt.Errorf("rpcrdma: send buffer: %w", err)
 	}
 	k := 0
 	for _, p := range pieces {
 		k += copy(buf[k:], p)
 	}
+	return buf, n, nil
+}
+
+// postLocked posts buf[:n] as one Send and returns its sequence number:
+// messages are posted, and so reach the peer, in that order. The send
+// queue owns buf until the Send completes. Called with c.mu held.
+func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
+	if c.err != nil {
+		c.t.pool.Put(buf)
+		return 0, c.err
+	}
 	sge, _ := c.t.pool.Locate(buf[:max(n, 1)])
 	sge.Length = uint32(n)
-	done := make(chan struct{})
-	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
-		c.t.pool.Put(buf)
-		return nil, err
-	}
 	c.nextWR++
 	wr := c.nextWR
-	c.sends[wr] = sendState{done: done, buf: buf}
-	c.mu.Unlock()
 	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: []verbs.SGE{sge}}); err != nil {
-		c.mu.Lock()
-		delete(c.sends, wr)
-		c.mu.Unlock()
 		c.t.pool.Put(buf)
-		return nil, fmt.Errorf("rpcrdma: post send: %w", err)
+		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
 	}
-	return done, nil
+	c.sends[wr] = sendState{done: make(chan struct{}), buf: buf}
+	return wr, nil
 }
 
 func (c *conn) sendLoop() {
@@ -323,8 +345,7 @@ func (c *conn) sendLoop() {
 			<-c.qpClosed
 			c.mu.Lock()
 			for wr, s := range c.sends {
-				close(s.done)
-				c.t.pool.Put(s.buf)
+				c.complete(s)
 				delete(c.sends, wr)
 			}
 			c.mu.Unlock()
@@ -336,8 +357,7 @@ func (c *conn) sendLoop() {
 			delete(c.sends, w.WRID)
 			c.mu.Unlock()
 			if ok {
-				close(s.done)
-				c.t.pool.Put(s.buf)
+				c.complete(s)
 			}
 			if w.Status != verbs.StatusSuccess {
 				c.fail(fmt.Errorf("%w: send completion %v (%v)", oncrpc.ErrConnection, w.Status, c.qp.Err()))
@@ -362,11 +382,8 @@ func (c *conn) recvLoop() {
 				continue
 			}
 			i := int(w.WRID)
-			inv := uint32(0)
-			if w.Opcode == verbs.OpRecvWithInvalidate {
-				inv = w.InvalidatedSTag
-			}
-			if c.receive(i, c.recvBufs[i][:w.ByteLen], inv) {
+			withInv := w.Opcode == verbs.OpRecvWithInvalidate
+			if c.receive(i, c.recvBufs[i][:w.ByteLen], w.InvalidatedSTag, withInv) {
 				continue // lent with a reply; a spare was posted
 			}
 			c.mu.Lock()

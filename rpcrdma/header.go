@@ -35,17 +35,39 @@
 //     counted copy (Stats.BytesCopied).
 //
 // Before a reply is used, and whenever a call returns otherwise (timeout,
-// connection loss, a retransmission superseding it), every exposure of the
-// call is invalidated and the invalidation waits for a placement already
-// in progress; one that stalls is ended by closing the connection (RFC 8166
-// s8.1). No peer can reach a byte outside, or after, its call.
+// cancellation, connection loss, a retransmission superseding it), every
+// exposure of the call is invalidated and the invalidation waits for a
+// placement in progress; one that stalls is ended by closing the
+// connection, and an invalidation that fails closes the connection before
+// the call completes (RFC 8166 s4.4.1, s4.5.4, s8.1). No peer can reach a
+// byte outside, or after, its call.
+//
+// # A hostile peer
+//
+// Replies are checked against their call before they change anything;
+// malformed ones are dropped (RFC 8166 s4.5). Every message sent counts
+// against the responder's credits, one-way RDMA_OPTIONALs and RDMA_ERRORs
+// included. Backward calls are bounded by the slots we grant. Send With
+// Invalidate of an STag the reply's call did not offer closes the
+// connection.
+//
+// # Files
 //
 // The files follow the split of Linux's xprtrdma: header.go is the wire
-// format, marshal.go decides how a call is sent and exposes its memory,
-// reply.go takes replies apart, conn.go owns the queue pair, credits and
-// buffers, requester.go is the oncrpc.Transport, negotiate.go and xchar.go
-// are version 2, backchannel.go is the backward direction and
-// responder.go the server side.
+// format, privdata.go the RFC 8797 connection private data, marshal.go
+// decides how a call is sent and exposes its memory, reply.go checks and
+// takes replies apart, conn.go owns the queue pair, credits and buffers,
+// requester.go is the oncrpc.Transport, negotiate.go is version
+// negotiation, optional.go and xchar.go are RDMA_OPTIONAL and transport
+// characteristics, backchannel.go is the backward direction, and
+// responder.go and responder_v2.go the server side.
+//
+// A requester is used as any oncrpc.Transport:
+//
+//	tr := rpcrdma.NewTransport("server:20049", rpcrdma.Config{Provider: &iwarp.Provider{}})
+//	defer tr.Close()
+//	clnt := oncrpc.NewClient(tr, prog, vers, oncrpc.ClientOptions{})
+//	rep, err := clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: args, MaxReplySize: 4096})
 package rpcrdma
 
 import (

@@ -32,7 +32,9 @@ const (
 )
 
 type echoHandler struct {
-	delay time.Duration
+	// wait, if set, runs first in every HandleCall: a test holds calls
+	// in the handler until an event with it.
+	wait func()
 	// bufs, when set, recycles reply buffers (oncrpc.ReplyReleaser),
 	// so that a benchmark measures the transport and not the
 	// handler's garbage.
@@ -78,8 +80,8 @@ func (h echoHandler) HandleCall(msg []byte) []byte {
 	if err != nil {
 		return nil
 	}
-	if h.delay > 0 {
-		time.Sleep(h.delay)
+	if h.wait != nil {
+		h.wait()
 	}
 	d := xdr.NewDecoder(args)
 	var e xdr.Encoder
@@ -372,7 +374,23 @@ func TestResponderBigReplyChunk(t *testing.T) {
 
 func TestResponderCreditLimit(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
-		env := newEnv(t, v, ResponderConfig{Credits: 4, Handler: echoHandler{delay: 2 * time.Millisecond}}, Config{Credits: 128})
+		// The first call goes alone (a requester starts with one
+		// credit: RFC 8166 s3.3.1); its reply grants 4. The next three
+		// are held in the handler until all three have arrived, so the
+		// responder sees at least three at once: the grant, less the
+		// one a version-2 requester may spend on its ROPT_INITXCH (a
+		// message that gets no reply), and never more than the grant.
+		var arrived atomic.Int32
+		full := make(chan struct{})
+		hold := func() {
+			switch n := arrived.Add(1); {
+			case n >= 2 && n < 4:
+				<-full
+			case n == 4:
+				close(full)
+			}
+		}
+		env := newEnv(t, v, ResponderConfig{Credits: 4, Handler: echoHandler{wait: hold}}, Config{Credits: 128})
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var wg sync.WaitGroup
@@ -388,7 +406,7 @@ func TestResponderCreditLimit(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		if m := env.resp.MaxInFlight(); m > 4 || m < 2 {
+		if m := env.resp.MaxInFlight(); m > 4 || m < 3 {
 			t.Fatalf("responder saw up to %d calls at once with a grant of 4", m)
 		}
 		if st := env.tr.Stats(); st.Credits != 4 {
@@ -430,9 +448,19 @@ func TestResponderErrChunkFailsOnlyItsCall(t *testing.T) {
 
 func TestResponderReconnectDuringReads(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
+		// Calls 2 to 19 are held in the handler (the first one's reply
+		// grants 32 credits) until the 20th arrives and the responder
+		// drops the connection: they are in flight when it breaks.
 		var calls atomic.Int32
-		env := newEnv(t, v, ResponderConfig{Handler: echoHandler{delay: time.Millisecond}, Filter: func(uint32, []byte) Action {
-			if calls.Add(1) == 50 {
+		cut := make(chan struct{})
+		hold := func() {
+			if calls.Load() > 1 {
+				<-cut
+			}
+		}
+		env := newEnv(t, v, ResponderConfig{Handler: echoHandler{wait: hold}, Filter: func(uint32, []byte) Action {
+			if calls.Add(1) == 20 {
+				close(cut)
 				return Disconnect
 			}
 			return Serve

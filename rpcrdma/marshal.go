@@ -53,12 +53,20 @@ type req struct {
 	owned     [][]byte                // transport buffers of this call, back to the pool at its end
 	bounceIn  [][]byte                // Write chunk segments standing in for a ReplyBulk outside the slab
 	writeOff  []Segment               // the Write chunk offered, to check the reply's echo
-	replyBuf  []byte                  // Reply chunk target (slab); handed up with the reply
-	replySegs []Segment
-	kinds     [2]chunkKind // call and reply decisions, for tracing and counters
-	tr        *Transport
-	probe     bool // sent as the version-2 negotiation probe
-	resend    bool // the probe met ERR_VERS: send again as version 1
+	writeRegs int                     // regs[writeFrom:writeFrom+writeRegs] expose the Write chunk's segments, in order
+	writeFrom int
+	// writePlaced is what the provider saw placed in each Write chunk
+	// segment, counted by invalidate (mrcache InvalidatePlaced); nil
+	// when it cannot know (a hardware provider).
+	writePlaced []int
+	replyBuf    []byte // Reply chunk target (slab); handed up with the reply
+	replySegs   []Segment
+	kinds       [2]chunkKind // call and reply decisions, for tracing and counters
+	tr          *Transport
+	probe       bool   // sent as the version-2 negotiation probe
+	resend      bool   // the probe met ERR_VERS: send again as version 1
+	seq         uint64 // the call's place in the connection's message order
+	exposed     bool   // an exposure could not be invalidated: buffers withdrawn
 
 	done  chan struct{}
 	reply *oncrpc.Reply
@@ -79,21 +87,27 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	call := r.call
 	h := &r.hdr
 	*h = Header{XID: call.XID, Vers: vers, Credit: credits, Proc: ProcMsg, Reads: h.Reads[:0], Writes: h.Writes[:0]}
+	r.writeRegs, r.writePlaced = 0, nil
 	pool := c.t.pool
 
-	// Reply side first: it adds to the header's size.
+	// Reply side first: it adds to the header's size. The reply's
+	// transport header echoes the Write and Reply chunks offered (RFC
+	// 8166 s4.3.3: what must fit the reply threshold is the transport
+	// header and the payload).
 	recvRoom := recvLimit - replyHeaderRoom
 	if n := len(call.ReplyBulk); n > 0 && call.MaxReplySize+n > recvRoom {
 		// RFC 8166 s3.4.6: a Write chunk gets no room for XDR padding.
+		r.writeFrom = len(r.regs)
 		segs, bounce, err := c.exposeBulk(ctx, r, call.ReplyBulk, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, r.writeOff[:0])
 		if err != nil {
 			return err
 		}
 		r.writeOff, r.bounceIn = segs, bounce
+		r.writeRegs = len(r.regs) - r.writeFrom
 		h.Writes = append(h.Writes, r.writeOff)
 		r.kinds[1] = chunkWrite
 	}
-	if call.MaxReplySize > recvRoom {
+	if replyHdr := msgHeaderLen(h.Writes); call.MaxReplySize > min(recvRoom, recvLimit-replyHdr) {
 		size := xdr.RoundUp(call.MaxReplySize)
 		buf, err := pool.GetWait(ctx, size)
 		if err != nil {
@@ -111,11 +125,11 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		}
 	}
 
-	hdrLen := MinHeaderLen + len(h.Writes)*chunkHdrLen + writeSegLen*len(h.Writes)
+	hdrLen := msgHeaderLen(h.Writes)
 	if h.Reply != nil {
-		// The Reply chunk's segment count and segment; its presence
+		// The Reply chunk's segment count and segments; its presence
 		// word is in MinHeaderLen.
-		hdrLen += 4 + writeSegLen
+		hdrLen += 4 + writeSegLen*len(h.Reply)
 	}
 	pad := zeroPad[:xdr.Pad(len(call.Bulk))]
 	switch {
@@ -165,6 +179,17 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		return fmt.Errorf("rpcrdma: marshal xid %#x: %d-byte Send exceeds the peer's %d-byte inline threshold", call.XID, n, sendSize)
 	}
 	return nil
+}
+
+// msgHeaderLen is the size of a transport header with these Write
+// chunks and no Read list or Reply chunk: each chunk is a presence word,
+// a segment count and its segments (RFC 8166 s4.3).
+func msgHeaderLen(writes [][]Segment) int {
+	n := MinHeaderLen
+	for _, w := range writes {
+		n += chunkHdrLen + writeSegLen*len(w)
+	}
+	return n
 }
 
 func piecesLen(pieces [][]byte) int {
@@ -263,18 +288,41 @@ var noWait = func() context.Context {
 const invalidateWait = 2 * time.Second
 
 // invalidate ends every exposure of r before its reply is used or the
-// call returns (RFC 8166 s8.1), unless the peer already did with Send
-// With Invalidate. A placement still running after invalidateWait (a
-// peer stalling a transfer) is ended by closing the queue pair: a failed
-// invalidation tears the connection down (RFC 8166 s4.5.4 asks the same
-// of an invalidation error), and only then is the memory reused.
-func (r *req) invalidate(c *conn) {
+// call returns (RFC 8166 s4.4.1, s8.1), even those the peer already
+// invalidated with Send With Invalidate. A placement still running after
+// invalidateWait (a peer stalling a transfer) is ended by closing the
+// queue pair, and only then is the memory reused.
+//
+// An error means the call's memory was not safe to use when the call
+// ended: the connection is closed before invalidate returns, so before
+// the call completes (RFC 8166 s4.5.4), and the call must not deliver a
+// reply. An exposure that still cannot be invalidated once the queue
+// pair is closed stays reachable through the protection domain, which
+// outlives connections: its buffers are withdrawn for good and the
+// transport refuses further calls (ErrExposed).
+func (r *req) invalidate(c *conn) error {
+	var first error
+	known := true // every Write chunk segment's placed count is known
+	placed := make([]int, r.writeRegs)
 	for i, reg := range r.regs {
+		inv := reg.Invalidate
+		if k := i - r.writeFrom; k >= 0 && k < r.writeRegs {
+			// A Write chunk segment: count what the peer placed
+			// once no placement can run any more (RFC 8166
+			// s3.4.6: only the bytes it wrote are data).
+			inv = func(ctx context.Context) error {
+				n, ok, err := reg.InvalidatePlaced(ctx)
+				if err == nil {
+					placed[k], known = n, known && ok
+				}
+				return err
+			}
+		}
 		// No placement in progress is the common case: no wait.
-		err := reg.Invalidate(noWait)
+		err := inv(noWait)
 		if err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
-			err = reg.Invalidate(ctx)
+			err = inv(ctx)
 			cancel()
 		}
 		if c.t.cfg.Tracer.On(trace.MR) {
@@ -284,26 +332,60 @@ func (r *req) invalidate(c *conn) {
 			c.t.tracef(trace.RDMA, "xid=%#x: %v: closing the connection", r.xid, err)
 			c.qp.Close()
 			go c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
-			_ = reg.Invalidate(context.Background())
+			if err := reg.Invalidate(context.Background()); err != nil {
+				r.exposed = true
+				c.t.disable(fmt.Errorf("%w: xid %#x: %w", ErrExposed, r.xid, err))
+			}
+			if first == nil {
+				first = err
+			}
 		}
 		r.regs[i] = nil
 	}
-	r.regs = r.regs[:0]
+	if r.writeRegs > 0 && known {
+		r.writePlaced = placed
+	}
+	r.regs, r.writeRegs = r.regs[:0], 0
+	return first
+}
+
+// disable makes the transport refuse calls for good: memory it exposed
+// could not be protected (RFC 8166 s4.5.4).
+func (t *Transport) disable(err error) {
+	t.tracef(trace.RDMA, "%v", err)
+	t.mu.Lock()
+	if t.exposed == nil {
+		t.exposed = err
+	}
+	c := t.conn
+	t.mu.Unlock()
+	if c != nil {
+		go c.fail(err)
+	}
 }
 
 // finish ends the call's use of the transport: exposures are invalidated
 // and its buffers go back to the pool (a Reply chunk's buffer went up
 // with the reply, if there was one).
 func (r *req) finish(c *conn) {
-	r.invalidate(c)
-	for i, b := range r.owned {
+	_ = r.invalidate(c) // the call fails either way; see invalidate
+	put := func(b []byte) {
+		if r.exposed {
+			// A peer may still reach it: never reuse it.
+			c.t.stats.quarantined.Add(uint64(len(b)))
+			return
+		}
 		c.t.pool.Put(b)
+	}
+	for i, b := range r.owned {
+		put(b)
 		r.owned[i] = nil
 	}
 	r.owned = r.owned[:0]
 	if r.replyBuf != nil {
-		c.t.pool.Put(r.replyBuf)
+		put(r.replyBuf)
 		r.replyBuf = nil
 	}
 	r.bounceIn = nil
+	r.exposed = false
 }

@@ -6,7 +6,7 @@ import "testing"
 // through the cases of v2 draft s5 (checklist V2-5.*).
 func TestNegotiationReplies(t *testing.T) {
 	probe := func() negotiation {
-		return negotiation{st: negProbe, sendSize: probeMaxSend, privSend: 4096, inlineMax: 8192, peer: DefaultChars}
+		return negotiation{st: negProbe, sendSize: probeMaxSend, privSend: 4096, recvMax: 8192, inlineMax: 8192, peer: DefaultChars}
 	}
 	tests := []struct {
 		name     string
@@ -18,7 +18,7 @@ func TestNegotiationReplies(t *testing.T) {
 		wantSend int
 	}{
 		{"V2-5.2-a ERR_VERS 1..1 falls back", probe(), Header{Vers: 2, Proc: ProcError, ErrCode: ErrVers, VersLow: 1, VersHigh: 1}, true, resendV1, negV1, 4096},
-		{"A-V2-3 ERR_VERS with vers word 1", probe(), Header{Vers: 1, Proc: ProcError, ErrCode: ErrVers, VersLow: 1, VersHigh: 1}, true, resendV1, negV1, 4096},
+		{"RFC 8166 s7 ERR_VERS with vers word 1", probe(), Header{Vers: 1, Proc: ProcError, ErrCode: ErrVers, VersLow: 1, VersHigh: 1}, true, resendV1, negV1, 4096},
 		{"V2-5.2-e no common version", probe(), Header{Vers: 2, Proc: ProcError, ErrCode: ErrVers, VersLow: 3, VersHigh: 4}, true, versionMismatch, negProbe, probeMaxSend},
 		{"V2-5.1-b non-error v2 reply confirms", probe(), Header{Vers: 2, Proc: ProcMsg}, true, confirmedV2, negV2, 4096},
 		{"V2-5.3-a v1 reply to the v2 probe is dropped", probe(), Header{Vers: 1, Proc: ProcMsg}, true, dropReply, negProbe, probeMaxSend},
@@ -57,8 +57,9 @@ func TestNegotiationReplies(t *testing.T) {
 	if n.lostDuringNegotiation() {
 		t.Fatal("loss after a version-1 reply counted as a negotiation failure")
 	}
-	// A-V2-2: the probe's reply limit is 1024; v2 uses 4096 until our
-	// INITXCH goes out unrefused.
+	// v2 draft s5: the probe's reply limit is 1024; version 2 uses 4096
+	// even after our INITXCH announced more (xcharext s4.1: the peer may
+	// not have taken note); version 1 uses RFC 8797 private data.
 	n = probe()
 	if n.replyLimit(8192) != 1024 {
 		t.Fatal("probe reply limit")
@@ -68,11 +69,11 @@ func TestNegotiationReplies(t *testing.T) {
 		t.Fatal("v2 reply limit before INITXCH")
 	}
 	n.initSent = true
-	if n.replyLimit(8192) != 8192 {
-		t.Fatal("v2 reply limit after INITXCH")
-	}
-	n.initRefused = true
 	if n.replyLimit(8192) != 4096 {
-		t.Fatal("v2 reply limit after a refused INITXCH")
+		t.Fatal("v2 reply limit trusts our INITXCH")
+	}
+	n = negotiation{st: negV1, privReply: 1024, recvMax: 4096}
+	if n.replyLimit(4096) != 1024 {
+		t.Fatal("v1 reply limit ignores the peer's inline send size")
 	}
 }

@@ -23,6 +23,11 @@ var (
 	// ErrChunkRejected: the responder answered ERR_CHUNK (it could not
 	// use the chunks offered, or the reply did not fit them).
 	ErrChunkRejected = errors.New("rpcrdma: responder rejected the chunks (ERR_CHUNK)")
+	// ErrExposed: a memory region could not be invalidated, so the
+	// peer might still reach it through any connection of the
+	// transport's protection domain; the transport refuses further
+	// calls (RFC 8166 s4.5.4).
+	ErrExposed = errors.New("rpcrdma: a memory region could not be invalidated; transport disabled to protect it")
 )
 
 // Config configures a requester Transport.
@@ -62,18 +67,21 @@ type Config struct {
 	XChars bool
 }
 
-// Transport is an RPC-over-RDMA version 1 requester: an oncrpc.Transport
-// over one reliable connection, redialled after it breaks.
+// Transport is an RPC-over-RDMA requester (version 1, RFC 8166, or
+// version 2, draft-cel-nfsv4-rpcrdma-version-two, as negotiated): an
+// oncrpc.Transport over one reliable connection, redialled after it
+// breaks.
 type Transport struct {
 	cfg  Config
 	addr string
 	pd   *verbs.ProtectionDomain
 	pool *mrcache.Pool
 
-	mu     sync.Mutex // guards conn, closed; held while dialing
-	conn   *conn
-	closed bool
-	gens   uint64
+	mu      sync.Mutex // guards conn, closed, exposed; held while dialing
+	conn    *conn
+	closed  bool
+	exposed error // set once a region could not be invalidated
+	gens    uint64
 
 	handler atomic.Pointer[oncrpc.CallHandler]
 	stats   transportStats
@@ -138,6 +146,9 @@ func (t *Transport) connection(ctx context.Context) (*conn, error) {
 	if t.closed {
 		return nil, oncrpc.ErrClosed
 	}
+	if t.exposed != nil {
+		return nil, t.exposed
+	}
 	if t.conn != nil && !t.conn.isDead() {
 		return t.conn, nil
 	}
@@ -195,7 +206,7 @@ func (t *Transport) RoundTrip(ctx context.Context, call *oncrpc.Call) (*oncrpc.R
 			break
 		}
 		// The version-2 probe met a version-1 peer: the connection now
-		// speaks version 1; the same call goes again (A-V2-3).
+		// speaks version 1; the same call goes again (v2 draft s5.2).
 		r.resend = false
 	}
 	rep, err := r.reply, r.err
@@ -228,10 +239,16 @@ func (c *conn) send(ctx context.Context, r *req) error {
 		c.releaseCredit()
 		return err
 	}
+	buf, n, err := c.sendBuffer(ctx, r.pieces)
+	if err != nil {
+		c.releaseCredit()
+		return err
+	}
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
+		t.pool.Put(buf)
 		return err
 	}
 	if old := c.pending[r.xid]; old != nil {
@@ -244,9 +261,13 @@ func (c *conn) send(ctx context.Context, r *req) error {
 		close(old.done)
 	}
 	c.pending[r.xid] = r
+	// The Send's completion is not waited for: the pieces are in a send
+	// buffer that the send queue owns, and a peer that never
+	// acknowledges the Send must not hold the call past its reply or its
+	// context.
+	r.seq, err = c.postLocked(buf, n)
 	c.mu.Unlock()
 	t.traceMarshal(r, vers)
-	sent, err := c.postSend(r.pieces)
 	if err != nil {
 		c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
 		<-r.done
@@ -274,23 +295,19 @@ func (c *conn) send(ctx context.Context, r *req) error {
 			c.mu.Unlock()
 			<-r.done
 		}
-		<-sent
 		if r.reply != nil {
 			r.reply.Release()
 			r.reply = nil
 		}
 		return ctx.Err()
 	}
-	<-sent // the Send's buffer is free
 	return nil
 }
 
 func (c *conn) releaseCredit() {
 	c.mu.Lock()
 	c.inflight--
-	if c.err == nil {
-		c.wakeLocked()
-	}
+	c.pumpLocked()
 	c.mu.Unlock()
 }
 
@@ -352,6 +369,11 @@ type transportStats struct {
 	optionals   atomic.Uint64 // RDMA_OPTIONAL messages received
 	optRejected atomic.Uint64 // RDMA_OPTIONAL messages we answered with an error
 	optErrors   atomic.Uint64 // our RDMA_OPTIONAL messages the peer refused
+	optDropped  atomic.Uint64 // answers to the peer's RDMA_OPTIONALs dropped for want of a credit
+
+	invViolations atomic.Uint64 // Send With Invalidate we did not allow, or of an STag not offered
+	bcDropped     atomic.Uint64 // backward calls beyond the back channel's slots, dropped
+	quarantined   atomic.Uint64 // bytes never reused: a region over them could not be invalidated
 }
 
 func (s *transportStats) countChunks(kinds [2]chunkKind, placed int) {
@@ -382,8 +404,15 @@ type Stats struct {
 	OptionalsReceived      uint64
 	OptionalsRejected      uint64 // peer RDMA_OPTIONALs answered with INVAL_OPTION/BAD_HEADER
 	OptionalErrors         uint64 // our RDMA_OPTIONALs the peer refused
-	Peer                   Chars  // the peer's transport characteristics (version 2)
-	PeerAnnounced          bool   // the peer sent ROPT_INITXCH
+	OptionalAnswersDropped uint64 // answers to peer RDMA_OPTIONALs dropped: no credit free
+	// InvalidateViolations counts Send With Invalidate from the peer
+	// that we did not allow, or that named an STag the reply's call did
+	// not offer (the connection is then closed).
+	InvalidateViolations uint64
+	BackwardDropped      uint64 // backward calls beyond our slots, dropped
+	QuarantinedBytes     uint64 // transport memory withdrawn: its invalidation failed
+	Peer                 Chars  // the peer's transport characteristics (version 2)
+	PeerAnnounced        bool   // the peer sent ROPT_INITXCH
 	// BytesCopied counts user-space copies of payload bytes on the
 	// data path: the transport's own (data outside registered memory
 	// going through a transport buffer, inline READ and WRITE data)
@@ -396,22 +425,26 @@ type Stats struct {
 // Stats returns the requester's counters.
 func (t *Transport) Stats() Stats {
 	s := Stats{
-		Fallbacks:         t.stats.fallbacks.Load(),
-		OptionalsReceived: t.stats.optionals.Load(),
-		OptionalsRejected: t.stats.optRejected.Load(),
-		OptionalErrors:    t.stats.optErrors.Load(),
-		Connects:          t.stats.connects.Load(),
-		Replies:           t.stats.replies.Load(),
-		InlineCalls:       t.stats.chunks[chunkInline].Load(),
-		ReadChunks:        t.stats.chunks[chunkRead].Load(),
-		PosZeroChunks:     t.stats.chunks[chunkPosZero].Load(),
-		WriteChunks:       t.stats.chunks[chunkWrite].Load(),
-		ReplyChunks:       t.stats.chunks[chunkReply].Load(),
-		BytesPlaced:       t.stats.placed.Load(),
-		Dropped:           t.stats.dropped.Load(),
-		BackwardCalls:     t.stats.backward.Load(),
-		Memory:            t.pool.Stats(),
-		BytesCopied:       t.stats.copied.Load() + t.stats.provCopied.Load(),
+		Fallbacks:              t.stats.fallbacks.Load(),
+		OptionalsReceived:      t.stats.optionals.Load(),
+		OptionalsRejected:      t.stats.optRejected.Load(),
+		OptionalErrors:         t.stats.optErrors.Load(),
+		OptionalAnswersDropped: t.stats.optDropped.Load(),
+		InvalidateViolations:   t.stats.invViolations.Load(),
+		BackwardDropped:        t.stats.bcDropped.Load(),
+		QuarantinedBytes:       t.stats.quarantined.Load(),
+		Connects:               t.stats.connects.Load(),
+		Replies:                t.stats.replies.Load(),
+		InlineCalls:            t.stats.chunks[chunkInline].Load(),
+		ReadChunks:             t.stats.chunks[chunkRead].Load(),
+		PosZeroChunks:          t.stats.chunks[chunkPosZero].Load(),
+		WriteChunks:            t.stats.chunks[chunkWrite].Load(),
+		ReplyChunks:            t.stats.chunks[chunkReply].Load(),
+		BytesPlaced:            t.stats.placed.Load(),
+		Dropped:                t.stats.dropped.Load(),
+		BackwardCalls:          t.stats.backward.Load(),
+		Memory:                 t.pool.Stats(),
+		BytesCopied:            t.stats.copied.Load() + t.stats.provCopied.Load(),
 	}
 	t.mu.Lock()
 	if c := t.conn; c != nil {

@@ -406,7 +406,7 @@ func (c *serverConn) handle(msg []byte) {
 		return
 	}
 	if h.Proc == ProcError {
-		return // never answer an RDMA_ERROR (A-V2-6)
+		return // RFC 8166 s4.2.4: a responder discards an RDMA_ERROR
 	}
 	if h.Proc != ProcMsg && h.Proc != ProcNoMsg {
 		c.tracef("drop: xid=%#x procedure %d in a call", h.XID, h.Proc)

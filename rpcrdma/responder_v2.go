@@ -35,7 +35,8 @@ func (c *serverConn) sendParams() (int, bool) {
 // nextRecvBuf returns the buffer to post after old was consumed: a larger
 // one while a receive-buffer growth is under way. Once every posted buffer
 // has the new size, the requester is told with UPDXCH: it must never send
-// at the new size before then (xcharext s3.1, A-XC-4).
+// at the new size before then (xcharext s3.1, s3: whoever changes a
+// characteristic must not break the peer).
 func (c *serverConn) nextRecvBuf(old []byte) []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -131,7 +132,7 @@ func (c *serverConn) handleOptional(h *Header) {
 	if err != nil {
 		c.tracef("optional xid=%#x type=%d: %v", h.XID, h.OptType, err)
 		c.s.optErrors.Add(1)
-		c.sendError(h, ErrChunk) // BAD_HEADER (A-XC-5)
+		c.sendError(h, ErrChunk) // BAD_HEADER: xcharext s2.1 XDR error
 	}
 }
 

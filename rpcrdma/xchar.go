@@ -36,8 +36,9 @@ const (
 	BRSGenl   = 2 // backward messages may use chunks
 )
 
-// Bounds for decoded characteristics (xcharext s7: range-check values
-// before use; A-XC-4/A-XC-5 in ambiguities.md).
+// Bounds for decoded characteristics (xcharext s7: values travel in the
+// clear and are range-checked before use; s2.1: a value that does not
+// decode is an XDR error).
 const (
 	minRBSize      = 1024
 	maxRBSize      = 1 << 20
@@ -46,8 +47,10 @@ const (
 	maxSubsetWords = 8
 )
 
-// errXDR marks a characteristic message that does not decode; it is
-// answered with RDMA_ERROR / BAD_HEADER (A-XC-5).
+// errXDR marks a characteristic message that does not decode (xcharext
+// s2.1 asks for an XDR error to be reported and names no code); it is
+// answered with RDMA_ERROR / BAD_HEADER, the version-2 code for a header
+// that does not decode (v2 draft s4.2).
 var errXDR = errors.New("rpcrdma: malformed transport characteristics")
 
 // XCharVal is one characteristic: its id and its XDR-encoded value.
@@ -57,8 +60,9 @@ type XCharVal struct {
 }
 
 // Subset is an xcharsubset: element N of an xcharspec is bit N mod 32 of
-// word N div 32, bit 0 being the least significant bit (xcharext s2.1,
-// A-XC-3); missing words read as zero.
+// word N div 32 (xcharext s2.1), bit 0 being the least significant bit
+// (the draft does not say; this is the NFSv4 bitmap4 convention); missing
+// words read as zero.
 type Subset []uint32
 
 // Has reports whether element n is in the subset.
@@ -177,7 +181,8 @@ func (m UpdXch) Marshal() []byte {
 }
 
 // decodeOptInfo decodes b whole with f; leftover or missing bytes are
-// XDR errors (decoding never goes beyond rdma_optinfo: A-XC-5).
+// XDR errors, and decoding never goes beyond rdma_optinfo (v2 draft
+// s3.1: the optinfo is opaque to the core protocol).
 func decodeOptInfo(b []byte, f func(d *xdr.Decoder)) error {
 	d := xdr.NewDecoder(b)
 	f(d)
@@ -281,7 +286,8 @@ func checkValue(d *xdr.Decoder, v XCharVal) error {
 }
 
 // applySpec applies every characteristic of spec to a copy of c, the last
-// occurrence of an id winning (A-XC-9). On an XDR error nothing changes.
+// occurrence of an id winning (xcharext s2.1 imposes no order and says
+// nothing of duplicates). On an XDR error nothing changes.
 func (c *Chars) applySpec(spec []XCharVal) error {
 	next := *c
 	for _, v := range spec {
