@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/soak"
 	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -83,10 +86,15 @@ func requireV2Relay(t *testing.T) string {
 	return v2Relay.addr
 }
 
-// transport makes the peer's transport; topts only apply to TCP.
+// transport makes the peer's transport. For RPC-over-RDMA only
+// topts.Dial applies: it makes the TCP connection under iWARP.
 func (p peer) transport(topts oncrpc.TCPOptions) oncrpc.Transport {
 	if p.rdma {
-		cfg := rpcrdma.Config{Provider: &iwarp.Provider{}, AcceptInvalidate: true, Tracer: testTracer()}
+		pv := &iwarp.Provider{}
+		if dial := topts.Dial; dial != nil {
+			pv.DialConn = func(ctx context.Context, addr string) (net.Conn, error) { return dial(ctx, "tcp", addr) }
+		}
+		cfg := rpcrdma.Config{Provider: pv, AcceptInvalidate: true, Tracer: testTracer()}
 		if p.v2 {
 			cfg.Version, cfg.XChars = rpcrdma.Version2, true
 		}
@@ -427,68 +435,129 @@ func TestReadDir1000(t *testing.T) {
 	})
 }
 
-// cuttingConn closes the connection once the client has written more than
-// limit bytes over all connections, the first time only.
+// cuttingConn cuts the connection once the client has written more than
+// limit bytes over all connections, the first time only. With serverCut
+// nil the client's side is cut: it writes half of the buffer that
+// crosses the limit, then shuts its socket down both ways, as a network
+// failure would (the peer sees the stream end in the middle of a record
+// or, under iWARP, of an MPA frame). Otherwise serverCut drops the
+// server's end before the buffer is written, and the client finds out
+// from the socket.
 type cuttingConn struct {
 	net.Conn
-	written *atomic.Int64
-	limit   int64
-	cut     *atomic.Bool
+	written   *atomic.Int64
+	limit     int64
+	cut       *atomic.Bool
+	serverCut func(c net.Conn)
 }
 
 func (c *cuttingConn) Write(b []byte) (int, error) {
 	if c.written.Add(int64(len(b))) > c.limit && c.cut.CompareAndSwap(false, true) {
+		if c.serverCut != nil {
+			c.serverCut(c.Conn)
+			return c.Conn.Write(b)
+		}
 		n, _ := c.Conn.Write(b[:len(b)/2])
+		if tc, ok := c.Conn.(*net.TCPConn); ok {
+			tc.CloseRead()
+			tc.CloseWrite()
+		}
 		c.Conn.Close()
 		return n, errors.New("test: connection cut")
 	}
 	return c.Conn.Write(b)
 }
 
+// qemuCut returns a serverCut for knfsd in its kpeer guest: it shuts
+// down qemu's end of the forwarded connection (soak.CutConnections:
+// pidfd_getfd(2) and shutdown(2) on qemu's socket), so the guest's
+// connection to knfsd, under siw for RPC-over-RDMA, is closed from the
+// server's side while the client is writing.
+func qemuCut(t *testing.T, k *testpeer.Knfsd) func(net.Conn) {
+	return func(c net.Conn) {
+		b, err := os.ReadFile(filepath.Join(k.RunDir, "qemu.pid"))
+		if err != nil {
+			t.Errorf("server cut: knfsd's qemu: %v", err)
+			return
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Errorf("server cut: qemu.pid: %v", err)
+			return
+		}
+		port := c.LocalAddr().(*net.TCPAddr).Port
+		if n, err := soak.CutConnections(pid, port); err != nil || n != 1 {
+			t.Errorf("server cut: qemu's connections from port %d: %d cut, %v", port, n, err)
+		}
+	}
+}
+
+// TestReconnectDuringWrite cuts the connection in the middle of a 10 MiB
+// UNSTABLE write: over TCP in the middle of an RPC record; over
+// RPC-over-RDMA (knfsd on siw, and the version-2 relay) in the middle of
+// the iWARP stream that carries the Sends and the Read Responses with
+// which the server pulls the WRITE data from our Read chunks. For knfsd
+// it is cut once on the client's side and once on the server's (qemu's
+// end of the forwarded connection). The client must reconnect, resend
+// what was not acknowledged (RFC 8881 s2.10.6.2: a retry on a new
+// connection with the same slot and sequence ID) and the file must hold
+// exactly the data written.
 func TestReconnectDuringWrite(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, p peer) {
-		if p.rdma {
-			t.Skip("covered for RDMA by rpcrdma's reconnect tests; this one cuts a TCP connection")
-		}
-		var written atomic.Int64
-		var cut atomic.Bool
-		var gens atomic.Uint64
-		topts := oncrpc.TCPOptions{
-			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				var d net.Dialer
-				nc, err := d.DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				return &cuttingConn{Conn: nc, written: &written, limit: 3 << 20, cut: &cut}, nil
-			},
-			OnConnect: func(g uint64) { gens.Store(g) },
-		}
-		c := dial(t, p, topts)
-		ctx := testCtx(t)
-		dir := testDir(t, c)
-		of, err := c.Open(ctx, rootCred, dir, "big", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
-		if err != nil {
-			t.Fatal(err)
-		}
-		data := pattern(10<<20, 99)
-		w := c.NewUnstableWriter(rootCred, of, 4)
-		if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
-			t.Fatalf("write: %v", err)
-		}
-		if err := w.Commit(ctx); err != nil {
-			t.Fatalf("commit: %v", err)
-		}
-		if !cut.Load() || gens.Load() < 2 {
-			t.Fatalf("connection was not cut and remade (cut=%v connections=%d)", cut.Load(), gens.Load())
-		}
-		if got := readAll(ctx, t, c, of, len(data)); !bytes.Equal(got, data) {
-			t.Fatalf("after reconnect read %d bytes that differ from the data written", len(got))
-		}
-		if err := c.CloseFile(ctx, rootCred, of); err != nil {
-			t.Fatal(err)
+		t.Run("client-cut", func(t *testing.T) { writeThroughCut(t, p, nil) })
+		if p.knfsd != nil {
+			t.Run("server-cut", func(t *testing.T) { writeThroughCut(t, p, qemuCut(t, p.knfsd)) })
 		}
 	})
+}
+
+func writeThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
+	var written atomic.Int64
+	var cut atomic.Bool
+	var dials atomic.Int32
+	topts := oncrpc.TCPOptions{
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var d net.Dialer
+			nc, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			dials.Add(1)
+			return &cuttingConn{Conn: nc, written: &written, limit: 3 << 20, cut: &cut, serverCut: serverCut}, nil
+		},
+	}
+	var retrans atomic.Int32
+	ctx := testCtx(t)
+	c, err := Dial(ctx, Config{Transport: p.transport(topts), Tracer: testTracer(), Export: p.export,
+		RPC: oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5, OnRetransmit: func(uint32, int, error) { retrans.Add(1) }}})
+	if err != nil {
+		t.Fatalf("%s: dial: %v", p.name, err)
+	}
+	defer c.Close(context.Background())
+	dir := testDir(t, c)
+	of, err := c.Open(ctx, rootCred, dir, "big", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := pattern(10<<20, 99)
+	w := c.NewUnstableWriter(rootCred, of, 4)
+	if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if err := w.Commit(ctx); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	// The cut lands in the middle of the WRITEs: calls in flight on the
+	// cut connection are sent again on the new one.
+	if !cut.Load() || dials.Load() < 2 || retrans.Load() == 0 {
+		t.Fatalf("connection was not cut mid-write and remade (cut=%v connections=%d retransmissions=%d)", cut.Load(), dials.Load(), retrans.Load())
+	}
+	if got := readAll(ctx, t, c, of, len(data)); !bytes.Equal(got, data) {
+		t.Fatalf("after reconnect read %d bytes that differ from the data written", len(got))
+	}
+	if err := c.CloseFile(ctx, rootCred, of); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestCloseDestroysClient(t *testing.T) {
@@ -699,17 +768,19 @@ func TestKnfsdDelegationRecall(t *testing.T) {
 			if err := a.CloseFile(ctx, rootCred, of); err != nil {
 				t.Fatal(err)
 			}
-			// knfsd hands out a read delegation once the callback path
-			// has been probed; try a few opens.
+			// knfsd hands out a read delegation once its callback
+			// workqueue has marked the path up, which for NFSv4.1 it does
+			// without a CB_NULL: nothing the client can wait on. Open
+			// again (each open a round trip) until an open is granted
+			// one, or the test's context ends.
 			var ro *OpenFile
-			for i := 0; i < 20 && a.Delegations() == 0; i++ {
+			for a.Delegations() == 0 && ctx.Err() == nil {
 				if ro != nil {
 					a.CloseFile(ctx, rootCred, ro)
 				}
 				if ro, err = a.OpenFH(ctx, rootCred, of.FH, ShareAccessRead, ShareDenyNone); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(100 * time.Millisecond)
 			}
 			if a.Delegations() == 0 {
 				t.Fatal("knfsd granted no read delegation (callback path down?)")
@@ -722,8 +793,11 @@ func TestKnfsdDelegationRecall(t *testing.T) {
 			if a.Recalls() == 0 {
 				t.Fatal("no CB_RECALL reached the delegation holder")
 			}
-			for i := 0; i < 50 && a.Delegations() != 0; i++ {
-				time.Sleep(100 * time.Millisecond)
+			// The DELEGRETURN runs on its own goroutine after the
+			// CB_RECALL is answered: poll until it is done or the test's
+			// context ends.
+			for a.Delegations() != 0 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
 			}
 			if a.Delegations() != 0 {
 				t.Fatal("recalled delegation was not returned")
@@ -828,9 +902,14 @@ func TestLeaseRenewalWhileIdle(t *testing.T) {
 	}
 	before := renewals()
 	// The loop wakes every lease/6 and renews after lease/3 of silence.
-	time.Sleep(c.LeaseTime()/3 + c.LeaseTime()/6 + 2*time.Second)
+	// Wait for the renewal; the lease is the limit, for the server would
+	// expire the client's state after it.
+	start := time.Now()
+	for renewals() <= before && time.Since(start) < c.LeaseTime() {
+		time.Sleep(100 * time.Millisecond) // polling interval, not synchronisation
+	}
 	if renewals() <= before {
-		t.Fatalf("no lease renewal after %v idle (lease %v)", c.LeaseTime()/2, c.LeaseTime())
+		t.Fatalf("no lease renewal in a lease time (%v) of idleness", c.LeaseTime())
 	}
 	if _, err := c.GetAttr(testCtx(t), rootCred, c.RootFH()); err != nil {
 		t.Fatal(err)

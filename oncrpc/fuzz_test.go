@@ -36,10 +36,21 @@ func within(sub, msg []byte) bool {
 	return false
 }
 
+// word returns the XDR word at off in b, and whether b holds it.
+func word(b []byte, off int) (uint32, bool) {
+	if off < 0 || off+4 > len(b) {
+		return 0, false
+	}
+	return binary.BigEndian.Uint32(b[off:]), true
+}
+
 // FuzzParseReply checks ParseReply, ParseCall and ParseAuthSys on
-// arbitrary input: results and bodies alias the input; what is decoded
-// encodes back to a message that decodes to the same values; every
-// error is one of the documented kinds.
+// arbitrary input: results and bodies alias the input; every decoded
+// field is the word at its place in the message, found by walking the
+// RFC 5531 s9 layout independently of the parser (header lengths
+// included, so a verifier or credential parsed wrongly is caught); what
+// is decoded encodes back to a message that decodes to the same values;
+// every error is one of the documented kinds.
 func FuzzParseReply(f *testing.F) {
 	f.Add(mustHex(f, "00000001 00000001 00000000 00000000 00000000 00000000 cafebabe"))
 	f.Add(mustHex(f, "00000002 00000001 00000000 00000000 00000000 00000002 00000004 00000004"))
@@ -62,21 +73,60 @@ func checkParseReply(t *testing.T, msg []byte) {
 	var e xdr.Encoder
 	var ae *AcceptError
 	var de *DeniedError
+	// RFC 5531 s9: xid, REPLY, reply_stat, then for MSG_ACCEPTED the
+	// verifier (flavor, length, padded body) and accept_stat, for
+	// MSG_DENIED reject_stat and its arm.
+	w := func(off int) uint32 {
+		v, ok := word(msg, off)
+		if !ok {
+			t.Fatalf("decoded a reply without the word at offset %d (%d bytes)", off, len(msg))
+		}
+		return v
+	}
+	if err == nil || errors.As(err, &ae) || errors.As(err, &de) {
+		if w(0) != xid || w(4) != MsgReply {
+			t.Fatalf("xid %#x, message type %d: not the message's %#x, %d", xid, MsgReply, w(0), w(4))
+		}
+	}
+	// stat is where accept_stat is in an accepted reply.
+	stat := func() int {
+		vlen := w(16)
+		if w(8) != replyAccepted || vlen > maxAuthBody {
+			t.Fatalf("accepted reply with reply_stat %d, verifier of %d bytes", w(8), vlen)
+		}
+		return 20 + xdr.RoundUp(int(vlen))
+	}
 	switch {
 	case err == nil:
 		if !suffixOf(res, msg) {
 			t.Fatalf("results (%d bytes) are not the tail of the %d-byte message", len(res), len(msg))
 		}
-		if len(msg)-len(res) < 24 {
-			t.Fatalf("results start at byte %d, inside the smallest reply header", len(msg)-len(res))
+		at := stat()
+		if w(at) != uint32(Success) || len(msg)-len(res) != at+4 {
+			t.Fatalf("results start at byte %d; the reply's accept_stat %d is at %d", len(msg)-len(res), w(at), at)
 		}
 		AppendAcceptedReply(&e, xid, Success, 0, 0)
 	case errors.As(err, &ae):
 		if ae.Stat == Success {
 			t.Fatalf("AcceptError with status SUCCESS")
 		}
+		at := stat()
+		if w(at) != uint32(ae.Stat) {
+			t.Fatalf("accept_stat %v, the reply has %d", ae.Stat, w(at))
+		}
+		if ae.Stat == ProgMismatch && (w(at+4) != ae.Low || w(at+8) != ae.High) {
+			t.Fatalf("PROG_MISMATCH %d..%d, the reply has %d..%d", ae.Low, ae.High, w(at+4), w(at+8))
+		}
 		AppendAcceptedReply(&e, xid, ae.Stat, ae.Low, ae.High)
 	case errors.As(err, &de):
+		switch {
+		case w(8) != replyDenied:
+			t.Fatalf("DeniedError for reply_stat %d", w(8))
+		case de.RPCMismatch && (w(12) != 0 || w(16) != de.Low || w(20) != de.High):
+			t.Fatalf("RPC_MISMATCH %d..%d, the reply has reject_stat %d, %d..%d", de.Low, de.High, w(12), w(16), w(20))
+		case !de.RPCMismatch && (w(12) != 1 || w(16) != de.AuthStat):
+			t.Fatalf("AUTH_ERROR %d, the reply has reject_stat %d, %d", de.AuthStat, w(12), w(16))
+		}
 		e.Uint32(xid)
 		e.Uint32(MsgReply)
 		e.Uint32(replyDenied)
@@ -115,8 +165,26 @@ func checkParseCall(t *testing.T, msg []byte) {
 	if !within(h.Cred.Body, msg) || len(h.Cred.Body) > maxAuthBody {
 		t.Fatalf("credential body of %d bytes does not lie in the message", len(h.Cred.Body))
 	}
-	if hdr := len(msg) - len(args); hdr < 40+len(h.Cred.Body) {
-		t.Fatalf("%d header bytes cannot hold a call header with a %d-byte credential", hdr, len(h.Cred.Body))
+	// RFC 5531 s9: xid, CALL, rpcvers, prog, vers, proc, then the
+	// credential and the verifier (flavor, length, padded body each).
+	w := func(off int) uint32 {
+		v, ok := word(msg, off)
+		if !ok {
+			t.Fatalf("decoded a call without the word at offset %d (%d bytes)", off, len(msg))
+		}
+		return v
+	}
+	if w(0) != h.XID || w(4) != MsgCall || w(8) != RPCVersion || w(12) != h.Prog || w(16) != h.Vers || w(20) != h.Proc || w(24) != h.Cred.Flavor {
+		t.Fatalf("call header %+v is not the message's words", h)
+	}
+	clen := w(28)
+	if clen > maxAuthBody || int(clen) != len(h.Cred.Body) || (clen > 0 && &h.Cred.Body[0] != &msg[32]) {
+		t.Fatalf("credential body of %d bytes; the message's is %d bytes at offset 32", len(h.Cred.Body), clen)
+	}
+	voff := 32 + xdr.RoundUp(int(clen))
+	vlen := w(voff + 4)
+	if vlen > maxAuthBody || len(msg)-len(args) != voff+8+xdr.RoundUp(int(vlen)) {
+		t.Fatalf("arguments start at byte %d; the %d-byte verifier at %d ends at %d", len(msg)-len(args), vlen, voff, voff+8+xdr.RoundUp(int(vlen)))
 	}
 	var e xdr.Encoder
 	AppendCallHeader(&e, h.XID, h.Prog, h.Vers, h.Proc, h.Cred)

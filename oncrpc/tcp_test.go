@@ -23,7 +23,9 @@ type echoServer struct {
 	ln       net.Listener
 	fragSize int
 	calls    atomic.Int64
-	delay    func(payload []byte) time.Duration
+	// wait, if set, runs before each reply is written, in the call's
+	// own goroutine: a test holds a reply back until an event with it.
+	wait func(payload []byte)
 	// replied, if set, is called with each call's payload once its
 	// reply is written.
 	replied func(payload []byte)
@@ -120,8 +122,8 @@ func (s *echoServer) serveConn(c net.Conn) {
 		s.calls.Add(1)
 		args = append([]byte(nil), args...)
 		go func() {
-			if s.delay != nil && len(args) >= 4 {
-				time.Sleep(s.delay(args[4:])) // the payload after its length word
+			if s.wait != nil && len(args) >= 4 {
+				s.wait(args[4:]) // the payload after its length word
 			}
 			var e xdr.Encoder
 			AppendAcceptedReply(&e, h.XID, Success, 0, 0)
@@ -171,18 +173,37 @@ func TestTCPMultiFragmentBothWays(t *testing.T) {
 }
 
 func TestTCPManyInFlight(t *testing.T) {
-	// Reply in reverse order of arrival to check XID matching.
+	// The server holds every reply until all calls have arrived, then
+	// replies in reverse order of arrival, one at a time: the client must
+	// match replies to calls by XID.
+	const n = 200
+	var mu sync.Mutex
+	var held []chan struct{}
+	written := make(chan struct{})
 	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
-		s.delay = func(args []byte) time.Duration {
-			return time.Duration(200-int(args[0])%200) * 100 * time.Microsecond
+		s.wait = func([]byte) {
+			ch := make(chan struct{})
+			mu.Lock()
+			held = append(held, ch)
+			if len(held) == n {
+				go func() {
+					for i := n - 1; i >= 0; i-- {
+						close(held[i])
+						<-written
+					}
+				}()
+			}
+			mu.Unlock()
+			<-ch
 		}
+		s.replied = func([]byte) { written <- struct{}{} }
 	})
 	tr := NewTCPTransport(srv.addr(), TCPOptions{})
 	defer tr.Close()
 	c := NewClient(tr, 99, 1, ClientOptions{})
 	var wg sync.WaitGroup
-	errs := make(chan error, 200)
-	for i := range 200 {
+	errs := make(chan error, n)
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -204,13 +225,15 @@ func TestTCPManyInFlight(t *testing.T) {
 }
 
 func TestTCPCancelLeavesConnectionUsable(t *testing.T) {
-	lateSent := make(chan struct{})
+	// The server holds the reply to the 0xee call until the client has
+	// given up on it (its context cancelled) and made another call.
+	arrived, release, lateSent := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
-		s.delay = func(args []byte) time.Duration {
+		s.wait = func(args []byte) {
 			if len(args) > 0 && args[0] == 0xee {
-				return 300 * time.Millisecond
+				close(arrived)
+				<-release
 			}
-			return 0
 		}
 		s.replied = func(args []byte) {
 			if len(args) > 0 && args[0] == 0xee {
@@ -222,24 +245,26 @@ func TestTCPCancelLeavesConnectionUsable(t *testing.T) {
 	tr := NewTCPTransport(srv.addr(), TCPOptions{OnConnect: func(g uint64) { conns.Store(g) }})
 	defer tr.Close()
 	c := NewClient(tr, 99, 1, ClientOptions{})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	_, err := echoCall(ctx, c, []byte{0xee})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancelled := make(chan error, 1)
+	go func() {
+		_, err := echoCall(ctx, c, []byte{0xee})
+		cancelled <- err
+	}()
+	<-arrived
 	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err = %v, want deadline exceeded", err)
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context canceled", err)
 	}
 	got, err := echoCall(context.Background(), c, []byte("after"))
 	if err != nil || string(got) != "after" {
 		t.Fatalf("call after cancel: %q %v", got, err)
 	}
-	// Wait until the server has written the reply to the cancelled call.
-	// The next call's reply comes after it on the same stream, so when
-	// that call returns, the client has read the late reply and dropped it.
-	select {
-	case <-lateSent:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the server never replied to the cancelled call")
-	}
+	// Now the server writes the reply to the cancelled call. The next
+	// call's reply comes after it on the same stream, so when that call
+	// returns, the client has read the late reply and dropped it.
+	close(release)
+	<-lateSent
 	if got, err := echoCall(context.Background(), c, []byte("late")); err != nil || string(got) != "late" {
 		t.Fatalf("call after late reply: %q %v", got, err)
 	}
@@ -251,12 +276,12 @@ func TestTCPCancelLeavesConnectionUsable(t *testing.T) {
 func TestTCPReconnectRetransmits(t *testing.T) {
 	var once sync.Once
 	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
-		s.delay = func(args []byte) time.Duration {
+		// The first transmission's connection is closed before its
+		// reply is written: the reply is lost with it.
+		s.wait = func(args []byte) {
 			if args[0] == 1 {
-				once.Do(func() { go s.dropAll() })
-				return 50 * time.Millisecond
+				once.Do(s.dropAll)
 			}
-			return 0
 		}
 	})
 	gens := atomic.Uint64{}
@@ -277,8 +302,10 @@ func TestTCPReconnectRetransmits(t *testing.T) {
 }
 
 func TestTCPSoftTimeout(t *testing.T) {
+	never := make(chan struct{}) // no reply until the test is over
+	t.Cleanup(func() { close(never) })
 	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
-		s.delay = func([]byte) time.Duration { return time.Hour }
+		s.wait = func([]byte) { <-never }
 	})
 	tr := NewTCPTransport(srv.addr(), TCPOptions{})
 	defer tr.Close()
@@ -403,6 +430,11 @@ func TestTCPRecordTooLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	// The server keeps its end open until the test is over: closing it
+	// with the call unread could reset the connection before the client
+	// reads the fragment header.
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -411,7 +443,7 @@ func TestTCPRecordTooLarge(t *testing.T) {
 		defer c.Close()
 		bufio.NewReader(c).Peek(4)
 		c.Write([]byte{0xff, 0xff, 0xff, 0xff}) // a 2 GiB fragment
-		time.Sleep(time.Second)
+		<-done
 	}()
 	tr := NewTCPTransport(ln.Addr().String(), TCPOptions{MaxRecord: 1 << 20})
 	defer tr.Close()

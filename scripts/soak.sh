@@ -6,8 +6,12 @@
 #   PEERS="knfsd knfsd-rdma ganesha ganesha-rdma-v2"   which ones (the default: all)
 #   PARALLEL=1        run the peers at the same time (default: one after another)
 #   CUT=60s           cut the mounts' transport connections this often
-#   RESTART_CMD=...   command run once at RESTART_AT (default half way) to restart
-#                     the server: "guest:CMD" runs CMD in the knfsd guest, e.g.
+#   RESTART_CMD=...   run once at RESTART_AT (default half way) to restart the
+#                     server: "server" uses the test peers' own restart (knfsd:
+#                     kpeer-restart-nfsd; ganesha: a ganesha of its own that
+#                     keeps a grace period; not through the v2 relay), after
+#                     which every open and lock must be reclaimed without an
+#                     error; "guest:CMD" runs CMD in the knfsd guest, e.g.
 #                     'guest:echo 0 >/proc/fs/nfsd/threads; echo 4 >/proc/fs/nfsd/threads';
 #                     anything else runs here with sh -c and gets RDMAFS_SOAK_PEER,
 #                     RDMAFS_SOAK_SERVER and, for knfsd, RDMAFS_KNFSD_SHELL
@@ -30,7 +34,8 @@ export RDMAFS_SOAK_OPLOG=${OPLOG:-}
 log=soak-$(date +%Y%m%d-%H%M%S).log
 echo "soak: $peers for $RDMAFS_SOAK_DURATION each${CUT:+, cutting connections every $CUT}${RESTART_CMD:+, one server restart}; log in $log"
 status=0
-go test -count=1 -p 1 -timeout 0 -v -run "$pattern" ./cmd/rdmafs >"$log" 2>&1 || status=$?
+parallel=1; [ "$RDMAFS_SOAK_PARALLEL" = 1 ] && parallel=$(echo $peers | wc -w)
+go test -count=1 -p 1 -parallel "$parallel" -timeout 0 -v -run "$pattern" ./cmd/rdmafs >"$log" 2>&1 || status=$?
 echo "== summary"
 grep -E 'seed=[0-9]+ ops=|operations by kind|MISMATCH|stall:|error:|--- (PASS|FAIL)|^(ok|FAIL)' "$log" | grep -v '^\s*soak_test.go:[0-9]*: [^ ]*: soak w[0-9]*: *#' || true
 exit $status

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -148,12 +149,10 @@ func TestCallerCredentials(t *testing.T) {
 }
 
 // TestOpenStateOnKnfsd checks that a FUSE open holds NFSv4.1 OPEN state
-// on the server and that closing the file releases it.
+// on the server and that closing the file releases it (knfsd only: it
+// shows its state in /proc/fs/nfsd/clients).
 func TestOpenStateOnKnfsd(t *testing.T) {
-	forEachPeer(t, func(t *testing.T, p peer) {
-		if p.knfsd == nil {
-			t.Skip("only knfsd shows its state")
-		}
+	forEachKnfsd(t, true, func(t *testing.T, p peer) {
 		mnt := mount(t, p)
 		d := testDir(t, mnt)
 		defer os.RemoveAll(d)
@@ -173,17 +172,41 @@ func TestOpenStateOnKnfsd(t *testing.T) {
 			t.Fatal(err)
 		}
 		held := opens()
+		closes := opCount(t, mnt, "CLOSE")
 		fh.Close()
 		// RELEASE is asynchronous: the CLOSE may reach knfsd after
-		// close(2) returned. Poll knfsd's state until it is gone.
-		after := opens()
-		for deadline := time.Now().Add(30 * time.Second); after != 0 && time.Now().Before(deadline); {
-			after = opens()
+		// close(2) returned. Wait until the mount has its reply; then
+		// knfsd has released the open stateid.
+		for deadline := time.Now().Add(time.Minute); opCount(t, mnt, "CLOSE") == closes; {
+			if time.Now().After(deadline) {
+				t.Fatalf("no CLOSE answered a minute after close(2)")
+			}
+			time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
 		}
-		if held != 1 || after != 0 {
-			t.Errorf("open stateids on knfsd: %d while open (want 1), %d 30 s after close (want 0)", held, after)
+		if after := opens(); held != 1 || after != 0 {
+			t.Errorf("open stateids on knfsd: %d while open (want 1), %d after the CLOSE (want 0)", held, after)
 		}
 	})
+}
+
+// opCount returns how many op calls the mount at mnt has made and had
+// answered ("rdmafs stats", per-op statistics).
+func opCount(t *testing.T, mnt, op string) int {
+	t.Helper()
+	out, code := runBin(t, time.Minute, "stats", mnt)
+	if code != 0 {
+		t.Fatalf("rdmafs stats: exit %d: %s", code, out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == op {
+			n, err := strconv.Atoi(f[1])
+			if err != nil {
+				t.Fatalf("rdmafs stats: %q: %v", l, err)
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 // TestReadOnlyMount checks that ro refuses writes and allows reads.
@@ -205,13 +228,11 @@ func TestReadOnlyMount(t *testing.T) {
 	})
 }
 
-// TestNoSpaceReported fills knfsd's 256 MiB tmpfs export: the error of
-// the buffered UNSTABLE WRITEs must reach the writer (at write or close).
+// TestNoSpaceReported fills knfsd's 256 MiB tmpfs export (the only
+// export small enough to fill): the error of the buffered UNSTABLE
+// WRITEs must reach the writer (at write or close).
 func TestNoSpaceReported(t *testing.T) {
-	forEachPeer(t, func(t *testing.T, p peer) {
-		if p.knfsd == nil {
-			t.Skip("only knfsd's export is small enough to fill")
-		}
+	forEachKnfsd(t, false, func(t *testing.T, p peer) {
 		mnt := mount(t, p)
 		d := testDir(t, mnt)
 		defer os.RemoveAll(d)

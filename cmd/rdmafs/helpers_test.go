@@ -33,6 +33,10 @@ type peer struct {
 	export string
 	knfsd  *testpeer.Knfsd
 	opts   []string // extra mount options (proto=rdma, rdmavers=2)
+	// restart restarts the server with its state forgotten and a grace
+	// period for reclaims; nil where the server cannot (the shared
+	// ganesha runs graceless).
+	restart func(ctx context.Context) error
 }
 
 func (p peer) source() string { return p.host + ":" + p.export }
@@ -43,13 +47,31 @@ func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
 	t.Run("knfsd", func(t *testing.T) {
 		k := testpeer.RequireKnfsd(t)
 		host, port := splitAddr(t, k.TCPAddr)
-		f(t, peer{name: "knfsd", host: host, port: port, export: "/", knfsd: k})
+		f(t, peer{name: "knfsd", host: host, port: port, export: "/", knfsd: k, restart: k.Restart})
 	})
 	t.Run("ganesha", func(t *testing.T) {
 		g := testpeer.RequireGanesha(t)
 		host, port := splitAddr(t, g.Addr)
 		f(t, peer{name: "ganesha", host: host, port: port, export: g.Export})
 	})
+}
+
+// forEachKnfsd runs f against knfsd only, over TCP and, with rdma, over
+// RPC-over-RDMA too: for tests that look at the server's state in its
+// guest or fill its small export.
+func forEachKnfsd(t *testing.T, rdma bool, f func(t *testing.T, p peer)) {
+	t.Run("knfsd", func(t *testing.T) {
+		k := testpeer.RequireKnfsd(t)
+		host, port := splitAddr(t, k.TCPAddr)
+		f(t, peer{name: "knfsd", host: host, port: port, export: "/", knfsd: k})
+	})
+	if rdma {
+		t.Run("knfsd-rdma", func(t *testing.T) {
+			k := testpeer.RequireKnfsd(t)
+			host, port := splitAddr(t, k.RDMAAddr)
+			f(t, peer{name: "knfsd-rdma", host: host, port: port, export: "/", knfsd: k, opts: []string{"proto=rdma"}})
+		})
+	}
 }
 
 // forEachTransport runs f like forEachPeer, and also over RPC-over-RDMA:
@@ -67,13 +89,33 @@ func forEachRDMAPeer(t *testing.T, f func(t *testing.T, p peer)) {
 	t.Run("knfsd-rdma", func(t *testing.T) {
 		k := testpeer.RequireKnfsd(t)
 		host, port := splitAddr(t, k.RDMAAddr)
-		f(t, peer{name: "knfsd-rdma", host: host, port: port, export: "/", knfsd: k, opts: []string{"proto=rdma"}})
+		f(t, peer{name: "knfsd-rdma", host: host, port: port, export: "/", knfsd: k, opts: []string{"proto=rdma"}, restart: k.Restart})
 	})
 	t.Run("ganesha-rdma-v2", func(t *testing.T) {
 		g := testpeer.RequireGanesha(t)
 		host, port := splitAddr(t, v2relay.Require(t))
 		f(t, peer{name: "ganesha-rdma-v2", host: host, port: port, export: g.Export, opts: []string{"proto=rdma", "rdmavers=2"}})
 	})
+}
+
+// graceGanesha starts a ganesha of the test's own that keeps a grace
+// period (not Graceless, RecoveryBackend fs), so that it can restart with
+// its clients reclaiming their state.
+func graceGanesha(t *testing.T) peer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g, err := testpeer.StartGaneshaWith(ctx, testpeer.GaneshaOptions{Grace: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	host, port := splitAddr(t, g.Addr)
+	return peer{name: "ganesha", host: host, port: port, export: g.Export, restart: g.Restart}
 }
 
 func splitAddr(t *testing.T, addr string) (string, string) {
@@ -139,13 +181,20 @@ func runBin(t *testing.T, timeout time.Duration, args ...string) (string, int) {
 // and unmounts it when the test ends, also on failure.
 func mount(t *testing.T, p peer, opts ...string) string {
 	t.Helper()
+	return mountWith(t, p, nil, opts...)
+}
+
+// mountWith is mount with command-line flags (such as -v and --log)
+// before the mount options.
+func mountWith(t *testing.T, p peer, flags []string, opts ...string) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	o := append(append([]string{"port=" + p.port}, p.opts...), opts...)
-	args := []string{"mount", "-o", strings.Join(o, ","), p.source(), dir}
-	if v := os.Getenv("RDMAFS_TEST_TRACE"); v != "" {
+	args := append(append([]string{"mount"}, flags...), "-o", strings.Join(o, ","), p.source(), dir)
+	if v := os.Getenv("RDMAFS_TEST_TRACE"); v != "" && flags == nil {
 		args = append([]string{"mount", "-v", v, "--log", filepath.Join(os.TempDir(), "rdmafs-test.log")}, args[1:]...)
 	}
 	start := time.Now()
