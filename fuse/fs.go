@@ -237,6 +237,11 @@ func (m *Mount) Unmount() error { return m.Server.Unmount() }
 // s18.50). Call it after Wait returned.
 func (m *Mount) Shutdown(ctx context.Context) error {
 	f := m.FS
+	// Write-back runs under the background context: when ctx ends, end
+	// it too, or a hard mount would retry for ever against a server
+	// that is gone.
+	stop := context.AfterFunc(ctx, f.bgCancel)
+	defer stop()
 	f.mu.Lock()
 	var files []*file
 	for h := range f.files {

@@ -230,7 +230,8 @@ func runMount(cctx *cli.Context) error {
 		defer f.Close()
 		logw = f
 	}
-	if os.Getenv(daemonEnv) != "" {
+	background := os.Getenv(daemonEnv) != "" // daemonNotifier unsets it
+	if background {
 		// Relative paths (--log) are resolved; now leave the caller's
 		// directory so that it does not stay busy.
 		os.Chdir("/")
@@ -240,10 +241,12 @@ func runMount(cctx *cli.Context) error {
 		tr = trace.New(logw, cats)
 	}
 	notify := daemonNotifier()
-	err = serve(o, tr, cctx.Bool("debug-fuse"), notify)
+	err = serve(o, tr, logw, cctx.Bool("debug-fuse"), notify)
 	if err != nil {
 		notify(err)
-		if os.Getenv(daemonEnv) != "" {
+		if background {
+			// The parent has gone once the mount was live: the log is
+			// the only place left for the error.
 			fmt.Fprintf(logw, "rdmafs: %v\n", err)
 		}
 	}
@@ -356,7 +359,10 @@ func probe(ctx context.Context, o *mountOptions, tr *trace.Tracer) error {
 
 // serve mounts and serves until the file system is unmounted. notify is
 // called once the mount is live.
-func serve(o *mountOptions, tr *trace.Tracer, debugFUSE bool, notify func(error)) error {
+// shutdownTimeout bounds the write-back and CLOSEs after the unmount.
+const shutdownTimeout = 60 * time.Second
+
+func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, notify func(error)) error {
 	if err := checkMountpoint(o.Dir); err != nil {
 		return err
 	}
@@ -439,30 +445,57 @@ func serve(o *mountOptions, tr *trace.Tracer, debugFUSE bool, notify func(error)
 	}
 	notify(nil)
 
+	// While mounted, SIGINT and SIGTERM unmount, as umount does (it
+	// fails while files are busy). Once unmounted, buffered writes go to
+	// the server and the open state is closed, for at most
+	// shutdownTimeout: a hard mount would retry for ever against a server
+	// that is gone, so a signal then stops waiting for it.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	var unmounted atomic.Bool
 	go func() {
-		for range sigs {
-			if err := m.Unmount(); err != nil {
-				fmt.Fprintf(os.Stderr, "rdmafs: unmount %s: %v\n", o.Dir, err)
+		for {
+			var sig os.Signal
+			select {
+			case <-sctx.Done():
+				return
+			case sig = <-sigs:
 			}
+			if !unmounted.Load() {
+				if err := m.Unmount(); err != nil {
+					fmt.Fprintf(logw, "rdmafs: %v: unmount %s: %v\n", sig, o.Dir, err)
+				}
+				continue
+			}
+			fmt.Fprintf(logw, "rdmafs: %v while closing files: not waiting for the server any longer\n", sig)
+			scancel()
+			return
 		}
 	}()
 	m.Wait()
-	signal.Stop(sigs)
-	close(sigs)
+	unmounted.Store(true)
 	if tr.On(trace.FUSE) {
 		tr.Printf(trace.FUSE, "%s unmounted: closing open files and the NFS session", o.Dir)
 	}
-	sctx, scancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer scancel()
+	tctx, tcancel := context.WithTimeout(sctx, shutdownTimeout)
+	defer tcancel()
 	start := time.Now()
-	err = m.Shutdown(sctx)
+	err = m.Shutdown(tctx)
 	if tr.On(trace.FUSE) {
 		tr.Printf(trace.FUSE, "shutdown done in %v: %v", time.Since(start).Round(time.Microsecond), err)
 	}
 	if ss != nil {
 		ss.Close()
+	}
+	if err != nil && tctx.Err() != nil {
+		why := "after " + shutdownTimeout.String()
+		if sctx.Err() != nil {
+			why = "on a signal"
+		}
+		return exitf(exitFailure, err, "unmount of %s: gave up on the server %s: data still buffered for open files was not written: %s", o.Dir, why, strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
 	if err != nil {
 		return exitf(exitFailure, err, "unmount of %s: %v", o.Dir, err)
