@@ -31,6 +31,16 @@ type ClientOptions struct {
 // retransmissions.
 var ErrTimeout = errors.New("rpc: timed out")
 
+// ErrNoReply is the cause (context.Cause) of the context a Client gives
+// one transmission when its Timeout passes without a reply. A Transport
+// that sees it breaks the connection the call went out on, so that the
+// retransmission goes over a new one: RFC 8881 s2.9.2 lets a client
+// retry a request only once the connection it was sent on is gone (the
+// server never drops a request on a connection that stays up), and
+// RFC 8166 (rfc5666bis s7.3.2) has the client re-establish the
+// connection before it sends again.
+var ErrNoReply = errors.New("rpc: no reply within the timeout")
+
 // Client sends calls of one RPC program and version over a Transport.
 type Client struct {
 	tr         Transport
@@ -108,7 +118,7 @@ func (c *Client) Do(ctx context.Context, call *Call) (*Reply, error) {
 }
 
 func (c *Client) roundTrip(ctx context.Context, call *Call) (*Reply, error) {
-	tctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	tctx, cancel := context.WithTimeoutCause(ctx, c.opts.Timeout, ErrNoReply)
 	defer cancel()
 	rep, err := c.tr.RoundTrip(tctx, call)
 	if err != nil {

@@ -166,6 +166,12 @@ func (t *TCPTransport) RoundTrip(ctx context.Context, call *Call) (*Reply, error
 			r.rep.Release()
 		default:
 		}
+		if errors.Is(context.Cause(ctx), ErrNoReply) {
+			// The retransmission must go over a new connection
+			// (ErrNoReply); the other calls on this one are sent again
+			// there too, as Linux does after a major timeout.
+			c.fail(fmt.Errorf("%w: no reply to XID %#x: reconnecting", ErrConnection, call.XID))
+		}
 		return nil, ctx.Err()
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -298,6 +299,48 @@ func TestTCPReconnectRetransmits(t *testing.T) {
 	}
 	if gens.Load() < 2 || retrans.Load() < 1 {
 		t.Fatalf("connections %d retransmissions %d, want a reconnect and a retransmission", gens.Load(), retrans.Load())
+	}
+}
+
+// TestTCPTimeoutReconnects checks that a call that timed out is sent
+// again over a new connection, never on the one it got no reply on
+// (RFC 8881 s2.9.2; rfc5666bis s7.3.2, checklist B4-7.3.2-a), and that
+// the old connection is closed by the client.
+func TestTCPTimeoutReconnects(t *testing.T) {
+	never := make(chan struct{}) // the first transmission is never answered
+	t.Cleanup(func() { close(never) })
+	var first atomic.Bool
+	srv := newEchoServer(t, 1<<20, func(s *echoServer) {
+		s.wait = func([]byte) {
+			if first.CompareAndSwap(false, true) {
+				<-never
+			}
+		}
+	})
+	gens := atomic.Uint64{}
+	tr := NewTCPTransport(srv.addr(), TCPOptions{OnConnect: func(g uint64) { gens.Store(g) }})
+	defer tr.Close()
+	c := NewClient(tr, 99, 1, ClientOptions{Timeout: 50 * time.Millisecond, Hard: true})
+	got, err := echoCall(context.Background(), c, []byte{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, []byte{7}) {
+		t.Fatalf("got %v", got)
+	}
+	if n := srv.calls.Load(); n != 2 {
+		t.Fatalf("server saw %d transmissions, want 2", n)
+	}
+	if g := gens.Load(); g != 2 {
+		t.Fatalf("%d connections, want the retransmission on a second one", g)
+	}
+	// The first connection was closed by the client: the server reads EOF.
+	srv.mu.Lock()
+	old := srv.conns[0]
+	srv.mu.Unlock()
+	old.SetReadDeadline(time.Now().Add(time.Minute))
+	if _, err := old.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("first connection: read %v, want EOF (closed by the client)", err)
 	}
 }
 
