@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
@@ -291,5 +292,45 @@ func TestV2RespXchWithinCredits(t *testing.T) {
 	}
 	if got := pc.maxOutstanding(); got > 2 {
 		t.Fatalf("%d messages outstanding", got)
+	}
+}
+
+// TestTimeoutReconnects checks that a call the peer never answers is sent
+// again, once the Client's timeout passes, over a new connection and not
+// on the one it went out on (rfc5666bis s7.3.2, checklist B4-7.3.2-a;
+// RFC 8881 s2.9.2), and that the old connection is gone.
+func TestTimeoutReconnects(t *testing.T) {
+	fp := newFakePeer(t, peerOpts{Credits: 4})
+	tr := fp.transport(Config{Version: Version1, Credits: 8})
+	clnt := oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{Timeout: 50 * time.Millisecond, Hard: true})
+	call := &oncrpc.Call{XID: 7, Head: mkCall(7, procEcho, be32(0)), MaxReplySize: 128}
+	ch := make(chan error, 1)
+	go func() {
+		rep, err := clnt.Do(fp.ctx, call)
+		if err == nil {
+			rep.Release()
+		}
+		ch <- err
+	}()
+	first := fp.accept()
+	if m := first.recvCall(); m.RPCXID != 7 {
+		t.Fatalf("first transmission XID %#x", m.RPCXID)
+	} // and never answered
+	second := fp.accept()
+	m := second.recvCall()
+	if m.RPCXID != 7 {
+		t.Fatalf("retransmission XID %#x, want 7", m.RPCXID)
+	}
+	second.reply(m, be32(0))
+	select {
+	case err := <-ch:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-fp.ctx.Done():
+		t.Fatal("call did not return")
+	}
+	if _, err := first.tryRecv(); err == nil {
+		t.Fatal("first connection still carries messages after the timeout")
 	}
 }

@@ -288,6 +288,11 @@ func (c *conn) send(ctx context.Context, r *req) error {
 				// not speak version 2; reconnect at version 1.
 				t.markV1Only()
 				c.fail(fmt.Errorf("%w: version-2 probe unanswered", oncrpc.ErrConnection))
+			} else if errors.Is(context.Cause(ctx), oncrpc.ErrNoReply) {
+				// rfc5666bis s7.3.2 (checklist B4-7.3.2-a), RFC 8881
+				// s2.9.2: the client re-establishes the connection
+				// before it sends the call again.
+				c.fail(fmt.Errorf("%w: no reply to XID %#x: reconnecting", oncrpc.ErrConnection, r.xid))
 			} else {
 				go c.reclaimCreditLater()
 			}
