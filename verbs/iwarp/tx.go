@@ -354,17 +354,10 @@ func (q *QP) serveRead(rr readRequest) error {
 		q.onServe()
 	}
 	var hb [taggedHdrLen]byte
+	var piece [1][]byte
 	maxPayload := q.maxULPDU - taggedHdrLen
 	off := 0
 	for {
-		k := min(len(src)-off, maxPayload)
-		last := off+k == len(src)
-		if last {
-			// Free the IRD slot before the peer can see the end
-			// of the response and issue its next request.
-			q.irqCount.Add(-1)
-		}
-		putTagged(hb[:], last, opReadResp, rr.sinkSTag, rr.sinkTO+uint64(off))
 		q.w.mu.Lock()
 		// What a poster's write left goes first, outside the
 		// access: a stop must only interrupt this response.
@@ -374,11 +367,30 @@ func (q *QP) serveRead(rr readRequest) error {
 		}
 		if !q.respStop.ioStart() {
 			q.w.mu.Unlock()
-			// Between two segments: the stream is intact, so the
+			// Between two batches: the stream is intact, so the
 			// peer learns why its read ends (RFC 5040 s7).
 			return readFault(rr, RDMAPCodeInvalidSTag, fmt.Errorf("inbound RDMA Read: STag %#08x invalidated during the response: %w", rr.srcSTag, verbs.ErrInvalidSTag))
 		}
-		err := q.w.writeLocked(hb[:], [][]byte{src[off : off+k]})
+		// Up to respBatch segments per system call; fewer than a
+		// full batch, so that Sends interleave with a long response.
+		last := false
+		for range respBatch {
+			k := min(len(src)-off, maxPayload)
+			last = off+k == len(src)
+			if last {
+				// Free the IRD slot before the peer can see the
+				// end of the response and issue its next request.
+				q.irqCount.Add(-1)
+			}
+			putTagged(hb[:], last, opReadResp, rr.sinkSTag, rr.sinkTO+uint64(off))
+			piece[0] = src[off : off+k]
+			_ = q.w.addLocked(hb[:], piece[:]) // the batch is not full: no write
+			off += k
+			if last {
+				break
+			}
+		}
+		err := q.w.flushLocked()
 		stopped := q.respStop.ioEnd()
 		q.w.mu.Unlock()
 		if err != nil {
@@ -387,12 +399,14 @@ func (q *QP) serveRead(rr readRequest) error {
 			}
 			return err
 		}
-		off += k
 		if last {
 			return nil
 		}
 	}
 }
+
+// respBatch is how many Read Response segments go out per system call.
+const respBatch = 8
 
 // readFault is the Terminate for an inbound RDMA Read that cannot be
 // served: a remote protection error with the offending Read Request
