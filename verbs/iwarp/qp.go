@@ -105,6 +105,7 @@ type QP struct {
 	closing     chan struct{} // closed when Close starts
 	rxSeen      atomic.Bool   // an FPDU has arrived
 	kicks       atomic.Int32  // zero-length Writes sent by kickLoop
+	handoffs    atomic.Int32  // direct posts whose write the tx goroutine finished
 	kick        bool          // active side: run kickLoop after the first transmission
 	kickStarted bool          // owned by the transmit side's owner
 	// onPlace and onServe, set before the queue pair starts (Setup),

@@ -81,6 +81,7 @@ func (q *QP) postDirect(e *sqEntry, seq uint64) {
 	case err != nil:
 	case rest:
 		q.txFlush, q.txPend = true, txGroup{seq, seq + 1}
+		q.handoffs.Add(1)
 	default:
 		q.completeLocked(txGroup{seq, seq + 1})
 	}
