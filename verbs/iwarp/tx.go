@@ -18,7 +18,7 @@ type txGroup struct {
 	first, end uint64 // sequence numbers [first, end)
 }
 
-// directOK reports whether a poster may transmit the entry it just
+// directOKLocked reports whether a poster may transmit the entry it just
 // pushed itself: nothing ahead of it, nobody transmitting, and for a
 // Read an ORD credit.
 func (q *QP) directOKLocked(wr *verbs.SendWR) bool {
@@ -71,7 +71,7 @@ func (q *QP) postDirect(e *sqEntry, seq uint64) {
 	rest := q.w.pending()
 	q.w.mu.Unlock()
 	if err != nil {
-		q.txFailed(&e.wr, err)
+		q.txFailed(e.wr.Opcode.String(), err)
 	} else {
 		q.startKick()
 	}
@@ -91,9 +91,9 @@ func (q *QP) postDirect(e *sqEntry, seq uint64) {
 	q.mu.Unlock()
 }
 
-// txFailed breaks the queue pair after a failed write.
-func (q *QP) txFailed(wr *verbs.SendWR, err error) {
-	if q.setErr(fmt.Errorf("iwarp: send %v: %w: %w", wr.Opcode, verbs.ErrConnectionLost, err)) {
+// txFailed breaks the queue pair after a failed write of what.
+func (q *QP) txFailed(what string, err error) {
+	if q.setErr(fmt.Errorf("iwarp: send %s: %w: %w", what, verbs.ErrConnectionLost, err)) {
 		_ = q.conn.Close()
 	}
 }
@@ -158,7 +158,7 @@ func (q *QP) txLoop() {
 		q.mu.Unlock()
 
 		var err error
-		var failed *verbs.SendWR
+		what := "the rest of a posted work request"
 		q.w.mu.Lock()
 		if flush {
 			// Finish what a poster's write left.
@@ -170,7 +170,7 @@ func (q *QP) txLoop() {
 				if err != nil {
 					break
 				}
-				failed = &q.txBatch[i].wr
+				what = q.txBatch[i].wr.Opcode.String()
 				err = q.transmit(&q.txBatch[i])
 			}
 			if err == nil {
@@ -179,11 +179,7 @@ func (q *QP) txLoop() {
 		}
 		q.w.mu.Unlock()
 		if err != nil {
-			wr := verbs.SendWR{}
-			if failed != nil {
-				wr = *failed
-			}
-			q.txFailed(&wr, err)
+			q.txFailed(what, err)
 		} else if g.end > g.first {
 			q.startKick()
 		}
