@@ -295,13 +295,13 @@ func (q *QP) transmit(e *sqEntry) error {
 // respLoop serves inbound RDMA Read Requests with Read Responses.
 func (q *QP) respLoop() {
 	defer q.wg.Done()
+	var f *rxFault // outside the loop: errors.As moves it to the heap
 	for {
 		select {
 		case <-q.done:
 			return
 		case rr := <-q.irq:
 			err := q.serveRead(rr)
-			var f *rxFault
 			switch {
 			case err == nil:
 			case errors.As(err, &f):
