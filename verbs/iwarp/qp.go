@@ -226,7 +226,9 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 		return nil
 	}
 	q.sq.push(e)
-	if !q.directOKLocked(&e.wr) {
+	// The writer may be busy with a Read Response the peer does not
+	// take: a post does not wait for it (TryLock).
+	if !q.directOKLocked(&e.wr) || !q.w.mu.TryLock() {
 		// The tx goroutine sends it, batched with what is queued.
 		q.cond.Broadcast()
 		q.mu.Unlock()

@@ -57,10 +57,10 @@ func (q *QP) claimLocked() *sqEntry {
 }
 
 // postDirect transmits entry e (sequence number seq), which the caller
-// claimed (txBusy), from the posting goroutine. What the socket does not
-// take at once is left to the tx goroutine, which completes the entry.
+// claimed (txBusy), from the posting goroutine; the caller holds the
+// writer's lock. What the socket does not take at once is left to the tx
+// goroutine, which completes the entry.
 func (q *QP) postDirect(e *sqEntry, seq uint64) {
-	q.w.mu.Lock()
 	err := q.w.startLocked()
 	if err == nil {
 		err = q.transmit(e)

@@ -3,6 +3,7 @@ package iwarp
 import (
 	"bytes"
 	"net"
+	"runtime"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/verbs"
@@ -120,4 +121,61 @@ func TestReceiveHeaderPrefetchSplits(t *testing.T) {
 			t.Fatalf("cut %d: %v", cut, qp.Err())
 		}
 	}
+}
+
+// TestPostDoesNotWaitForStalledResponse: while the responder is stuck
+// writing a Read Response the peer does not take, a post returns at once
+// (the tx goroutine sends the work request later) instead of waiting for
+// the writer. Once the peer reads, the Send arrives, whole and once.
+func TestPostDoesNotWaitForStalledResponse(t *testing.T) {
+	ctx := testCtx(t)
+	pd := verbs.NewProtectionDomain()
+	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	const size = 16 << 20 // more than the socket buffers hold
+	src := reg(t, pd, make([]byte, size), verbs.AccessRemoteRead)
+	peer.mustWrite(peer.readRequestFPDU(readRequest{sinkSTag: 0x4200, size: size, srcSTag: src.STag()}))
+	// Wait until the responder holds the writer (it soon stays in a
+	// write the peer does not take).
+	for qp.w.mu.TryLock() {
+		qp.w.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			t.Fatal("the responder did not start")
+		default:
+			runtime.Gosched()
+		}
+	}
+	posted := make(chan error, 1)
+	go func() {
+		posted <- qp.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: gather(t, pd, []byte("after"))})
+	}()
+	select {
+	case err := <-posted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("PostSend waited for the stalled Read Response")
+	}
+	// The Send may go out between two batches of the response (they
+	// are independent messages): each arrives whole, once.
+	got, sends := 0, 0
+	for got < size || sends == 0 {
+		h, b, err := peer.next()
+		if err != nil {
+			t.Fatalf("after %d bytes of the response and %d Sends: %v", got, sends, err)
+		}
+		if !h.tagged() {
+			if h.opcode() != opSend || string(b) != "after" || sends > 0 {
+				t.Fatalf("untagged FPDU %+v %q (Sends so far %d)", h, b, sends)
+			}
+			sends++
+			continue
+		}
+		if h.opcode() != opReadResp || h.to != uint64(got) {
+			t.Fatalf("FPDU %+v at response offset %d", h, got)
+		}
+		got += len(b)
+	}
+	expect(t, pollOne(t, qp.SendCQ()), 1, verbs.StatusSuccess, verbs.OpSend)
 }
