@@ -12,7 +12,11 @@
 // Payloads of 16 KiB and more are read from the socket straight into
 // place, and the stream then stays unbuffered while the peer keeps sending
 // large FPDUs; small FPDUs (Linux siw sends one per TCP segment) go through
-// a buffered reader, a copy that QP.CopiedBytes counts.
+// a buffered reader, a copy that QP.CopiedBytes counts. A work request
+// posted on an idle send queue is written by the posting goroutine itself,
+// with a write that does not wait (the provider's tx goroutine finishes
+// what the socket does not take); queued work requests go out in batches
+// of up to 32 FPDUs per vectored write.
 //
 //	qp, err := iwarp.Dial(ctx, "127.0.0.1:20049", &verbs.ConnParams{CRC: true, PrivateData: pd})
 package iwarp

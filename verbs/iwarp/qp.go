@@ -105,16 +105,24 @@ type QP struct {
 	closing     chan struct{} // closed when Close starts
 	rxSeen      atomic.Bool   // an FPDU has arrived
 	kicks       atomic.Int32  // zero-length Writes sent by kickLoop
+	handoffs    atomic.Int32  // direct posts whose write the tx goroutine finished
 	kick        bool          // active side: run kickLoop after the first transmission
-	kickStarted bool          // owned by the tx goroutine
+	kickStarted bool          // owned by the transmit side's owner
 	// onPlace and onServe, set before the queue pair starts (Setup),
 	// run when a tagged placement or a Read Response has its region.
 	onPlace, onServe func()
 
-	// Used by the tx goroutine only.
+	// The transmit side (tx.go), under mu: txBusy: a sender owns it;
+	// txFlush: a poster's write left the rest of txPend for the tx
+	// goroutine to write and complete.
+	txBusy, txFlush bool
+	txPend          txGroup
+
+	// Used by the transmit side's owner only.
 	sendMSN, readMSN uint32
 	txHdr            [untaggedHdrLen + readReqLen]byte
 	txPieces         [][]byte
+	txBatch          []sqEntry
 }
 
 var _ verbs.QueuePair = (*QP)(nil)
@@ -139,7 +147,7 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 		q.rcq = verbs.NewSoftCQ()
 	}
 	q.cond.L = &q.mu
-	q.w.conn, q.w.crc = conn, n.crc
+	q.w.init(conn, n.crc)
 	q.rxStop.q = q
 	q.respStop.q, q.respStop.write = q, true
 	return q
@@ -174,9 +182,11 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 	}
 	switch wr.Opcode {
 	case verbs.OpSend, verbs.OpSendWithInvalidate, verbs.OpRDMAWrite:
-		if n := verbs.SGLLen(wr.SGL); n > 1<<32-1 {
+		n := verbs.SGLLen(wr.SGL)
+		if n > 1<<32-1 {
 			return fmt.Errorf("iwarp: post %v of %d bytes: %w", wr.Opcode, n, verbs.ErrInvalidWR)
 		}
+		e.byteLen = uint32(n)
 		for i, sge := range wr.SGL {
 			b, err := localSGE(sge, 0)
 			if err == nil && sge.MR.PD() != q.pd {
@@ -203,18 +213,34 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 		return fmt.Errorf("iwarp: post send opcode %v: %w", wr.Opcode, verbs.ErrInvalidWR)
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.sq.len() >= sendQueueDepth {
-		return fmt.Errorf("iwarp: post %v: %d send work requests outstanding: %w", wr.Opcode, q.sq.len(), verbs.ErrQueueFull)
+		n := q.sq.len()
+		q.mu.Unlock()
+		return fmt.Errorf("iwarp: post %v: %d send work requests outstanding: %w", wr.Opcode, n, verbs.ErrQueueFull)
 	}
 	if q.err != nil {
 		e.done, e.status = true, verbs.StatusFlushed
 		q.sq.push(e)
 		q.releaseLocked()
+		q.mu.Unlock()
 		return nil
 	}
 	q.sq.push(e)
-	q.cond.Broadcast()
+	// The writer may be busy with a Read Response the peer does not
+	// take: a post does not wait for it (TryLock).
+	if !q.directOKLocked(&e.wr) || !q.w.mu.TryLock() {
+		// The tx goroutine sends it, batched with what is queued.
+		q.cond.Broadcast()
+		q.mu.Unlock()
+		return nil
+	}
+	// The queue is idle: send it from this goroutine, without a
+	// hand-off (the write does not block; see postDirect).
+	seq := q.sqNextSeq
+	q.claimLocked()
+	q.txBusy = true
+	q.mu.Unlock()
+	q.postDirect(&e, seq)
 	return nil
 }
 
@@ -430,7 +456,10 @@ func (q *QP) terminate(t Terminate, cause error) bool {
 		var hb [untaggedHdrLen]byte
 		putUntagged(hb[:], true, opTerminate, 0, qnTerminate, 1, 0)
 		var pb [4 + 2 + untaggedHdrLen + readReqLen]byte
-		_ = q.w.write(hb[:], t.marshal(pb[:0]))
+		q.w.mu.Lock()
+		_ = q.w.writeLocked(hb[:], [][]byte{t.marshal(pb[:0])})
+		q.w.sealed = true // RFC 5040 s5.3: the last message on the stream
+		q.w.mu.Unlock()
 		if cw, ok := q.conn.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}

@@ -10,14 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// vecReader reads the socket into up to two buffers with one readv(2)
+// vecReader reads the socket into up to three buffers with one readv(2)
 // per wake-up: a direct reader takes the rest of a large payload, the
 // FPDU's trailer and the start of the next FPDU's header together,
 // instead of one read system call for each (see placeData).
 type vecReader struct {
 	raw  syscall.RawConn // nil: the connection is not a socket
-	iov  [2]unix.Iovec
-	bufs [2][]byte
+	iov  [3]unix.Iovec
+	bufs [3][]byte
 	n    int
 	err  error
 	fn   func(fd uintptr) bool // v.read, bound once: no closure per call
@@ -36,34 +36,43 @@ func newVecReader(conn net.Conn) *vecReader {
 	return v
 }
 
-// fill reads exactly len(a)+len(b) bytes, a first. conn is used when
-// there is no raw socket.
-func (v *vecReader) fill(conn net.Conn, a, b []byte) error {
+// fill reads exactly len(a)+len(b) bytes, a first, and with them, in the
+// same system calls, up to len(opt) more bytes that have arrived already
+// (it does not wait for those). It returns how many went into opt. conn is
+// used when there is no raw socket.
+func (v *vecReader) fill(conn net.Conn, a, b, opt []byte) (int, error) {
 	if v.raw == nil {
 		if _, err := io.ReadFull(conn, a); err != nil {
-			return err
+			return 0, err
 		}
 		_, err := io.ReadFull(conn, b)
-		return err
+		return 0, err
 	}
-	v.bufs = [2][]byte{a, b}
-	defer func() { v.bufs = [2][]byte{} }()
+	v.bufs = [3][]byte{a, b, opt}
+	defer func() { v.bufs = [3][]byte{} }()
+	got := 0
 	for len(v.bufs[0])+len(v.bufs[1]) > 0 {
 		v.n, v.err = 0, nil
 		if err := v.raw.Read(v.fn); err != nil {
-			return err
+			return got, err
 		}
 		if v.err != nil {
-			return v.err
+			return got, v.err
 		}
 		if v.n == 0 {
-			return io.ErrUnexpectedEOF
+			return got, io.ErrUnexpectedEOF
 		}
-		k := min(v.n, len(v.bufs[0]))
-		v.bufs[0] = v.bufs[0][k:]
-		v.bufs[1] = v.bufs[1][v.n-k:]
+		n := v.n
+		for i := range v.bufs {
+			k := min(n, len(v.bufs[i]))
+			v.bufs[i] = v.bufs[i][k:]
+			n -= k
+			if i == 2 {
+				got += k
+			}
+		}
 	}
-	return nil
+	return got, nil
 }
 
 // read is the RawConn callback: one readv, false to wait for data.
@@ -88,7 +97,7 @@ func (v *vecReader) read(fd uintptr) bool {
 		default:
 			v.n = int(r)
 		}
-		v.iov = [2]unix.Iovec{}
+		v.iov = [3]unix.Iovec{}
 		return true
 	}
 }

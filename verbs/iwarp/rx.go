@@ -49,7 +49,10 @@ type rxState struct {
 	// trailer (and prefetch) was read together with the payload.
 	payload   int
 	trailerIn bool
-	vr        *vecReader
+	// opt: bytes of the next FPDU read opportunistically into pf with
+	// the trailer of a last segment (readTrailer moves them to hdr).
+	opt int
+	vr  *vecReader
 }
 
 // prefetchLen is how much of the next FPDU a direct reader takes with a
@@ -134,8 +137,20 @@ func (q *QP) receive(rs *rxState) error {
 	for {
 		have := rs.pre
 		rs.pre = 0
-		if have < 4 {
-			if err := q.readFull(rs, rs.hdr[:4]); err != nil {
+		switch {
+		case have >= 4:
+		case rs.direct && rs.vr != nil:
+			// With the length, whatever of the header has arrived
+			// (every FPDU has at least prefetchLen bytes of length
+			// and header: RFC 5044 s4.1, RFC 5041 s4.2), in one
+			// system call.
+			n, err := rs.vr.fill(q.conn, rs.hdr[have:4], nil, rs.hdr[4:prefetchLen])
+			if err != nil {
+				return err
+			}
+			have = 4 + n
+		default:
+			if err := q.readFull(rs, rs.hdr[have:4]); err != nil {
 				return err
 			}
 			have = 4
@@ -209,7 +224,10 @@ func (q *QP) readTrailer(rs *rxState) error {
 	}
 	if prefetch {
 		rs.pre = copy(rs.hdr[:], rs.pf[pad+4:pad+4+prefetchLen])
+	} else if rs.opt > 0 {
+		rs.pre = copy(rs.hdr[:], rs.pf[:rs.opt])
 	}
+	rs.opt = 0
 	return nil
 }
 
@@ -258,10 +276,17 @@ func (q *QP) placeData(rs *rxState, dst []byte, tagged bool) error {
 		case rs.direct && len(dst) == rs.payload:
 			// The whole payload: take the trailer in the same
 			// system call (readTrailer then only checks it).
-			if err := rs.vr.fill(q.conn, dst[k:], rs.trailerBuf()); err != nil {
+			// The last segment: also whatever of the next FPDU's
+			// header is there already, without waiting for it.
+			var opt []byte
+			if !rs.more {
+				opt = rs.pf[:prefetchLen]
+			}
+			n, err := rs.vr.fill(q.conn, dst[k:], rs.trailerBuf(), opt)
+			if err != nil {
 				return err
 			}
-			rs.trailerIn = true
+			rs.trailerIn, rs.opt = true, n
 		default:
 			if _, err := io.ReadFull(q.conn, dst[k:]); err != nil {
 				return err

@@ -7,20 +7,128 @@ import (
 	"github.com/rdmafs/rdmafs/verbs"
 )
 
-// txLoop transmits send queue work requests in posting order.
+// The transmit side. One sender at a time owns it (QP.txBusy): a poster
+// that finds the send queue idle transmits its work request itself, from
+// its own goroutine, with a non-blocking write; otherwise, and to finish a
+// write the socket did not take at once, the tx goroutine transmits the
+// queue in batches. Either way work requests go out in posting order.
+
+// txGroup is a run of consecutive send queue entries being transmitted.
+type txGroup struct {
+	first, end uint64 // sequence numbers [first, end)
+}
+
+// directOKLocked reports whether a poster may transmit the entry it just
+// pushed itself: nothing ahead of it, nobody transmitting, and for a
+// Read an ORD credit.
+func (q *QP) directOKLocked(wr *verbs.SendWR) bool {
+	return q.w.raw != nil && !q.txBusy && !q.txFlush && q.err == nil &&
+		q.sqNextSeq-q.sqHeadSeq == uint64(q.sq.len()-1) &&
+		(wr.Opcode != verbs.OpRDMARead || q.reads < q.ord) &&
+		fpdus(wr, q.maxULPDU) <= maxBatch
+}
+
+// fpdus is how many FPDUs the work request takes.
+func fpdus(wr *verbs.SendWR, maxULPDU int) int {
+	switch wr.Opcode {
+	case verbs.OpRDMARead:
+		return 1
+	case verbs.OpRDMAWrite:
+		return max(1, (int(verbs.SGLLen(wr.SGL))+maxULPDU-taggedHdrLen-1)/(maxULPDU-taggedHdrLen))
+	default:
+		return max(1, (int(verbs.SGLLen(wr.SGL))+maxULPDU-untaggedHdrLen-1)/(maxULPDU-untaggedHdrLen))
+	}
+}
+
+// claimLocked marks the next unsent entry as transmitted (its Read
+// context queued) and returns it.
+func (q *QP) claimLocked() *sqEntry {
+	seq := q.sqNextSeq
+	e := q.sq.at(int(seq - q.sqHeadSeq))
+	if e.wr.Opcode == verbs.OpRDMARead {
+		q.reads++
+		if r := int32(q.reads); r > q.maxReads.Load() {
+			q.maxReads.Store(r)
+		}
+		q.orq.push(readCtx{seq: seq, sinkSTag: e.wr.SGL[0].MR.STag(), sinkTO: e.wr.SGL[0].Offset, size: e.wr.Length})
+	}
+	q.sqNextSeq++
+	return e
+}
+
+// postDirect transmits entry e (sequence number seq), which the caller
+// claimed (txBusy), from the posting goroutine; the caller holds the
+// writer's lock. What the socket does not take at once is left to the tx
+// goroutine, which completes the entry.
+func (q *QP) postDirect(e *sqEntry, seq uint64) {
+	err := q.w.startLocked()
+	if err == nil {
+		err = q.transmit(e)
+	}
+	if err == nil {
+		err = q.w.tryFlushLocked()
+	}
+	rest := q.w.pending()
+	q.w.mu.Unlock()
+	if err != nil {
+		q.txFailed(e.wr.Opcode.String(), err)
+	} else {
+		q.startKick()
+	}
+	q.mu.Lock()
+	q.txBusy = false
+	switch {
+	case err != nil:
+	case rest:
+		q.txFlush, q.txPend = true, txGroup{seq, seq + 1}
+		q.handoffs.Add(1)
+	default:
+		q.completeLocked(txGroup{seq, seq + 1})
+	}
+	if q.txFlush || q.err != nil || q.sqNextSeq-q.sqHeadSeq != uint64(q.sq.len()) {
+		q.cond.Broadcast()
+	}
+	q.mu.Unlock()
+}
+
+// txFailed breaks the queue pair after a failed write of what.
+func (q *QP) txFailed(what string, err error) {
+	if q.setErr(fmt.Errorf("iwarp: send %s: %w: %w", what, verbs.ErrConnectionLost, err)) {
+		_ = q.conn.Close()
+	}
+}
+
+// startKick starts kickLoop after the first transmission (active side).
+// The transmit side's owner calls it.
+func (q *QP) startKick() {
+	if q.kick && !q.kickStarted {
+		q.kickStarted = true
+		q.wg.Add(1)
+		go q.kickLoop()
+	}
+}
+
+// completeLocked completes the entries of g that are not Reads (those
+// complete when their response is in).
+func (q *QP) completeLocked(g txGroup) {
+	for seq := max(g.first, q.sqHeadSeq); seq < g.end; seq++ {
+		e := q.sq.at(int(seq - q.sqHeadSeq))
+		if e.done || e.wr.Opcode == verbs.OpRDMARead {
+			continue
+		}
+		e.done, e.status = true, verbs.StatusSuccess
+	}
+	q.releaseLocked()
+}
+
+// txLoop transmits send queue work requests in posting order, those no
+// poster sent itself, in batches of up to maxBatch FPDUs per system call.
 func (q *QP) txLoop() {
 	defer q.wg.Done()
 	for {
 		q.mu.Lock()
-		for q.err == nil && q.sqNextSeq-q.sqHeadSeq == uint64(q.sq.len()) {
+		for q.txBusy || q.err == nil && !q.txFlush && !q.sendableLocked() {
 			q.cond.Wait()
-		}
-		if q.err == nil && q.sq.at(int(q.sqNextSeq-q.sqHeadSeq)).wr.Opcode == verbs.OpRDMARead {
-			// RFC 5040 s5.2 / RFC 6581: never more Read Requests
-			// outstanding than the negotiated ORD.
-			for q.err == nil && q.reads >= q.ord {
-				q.cond.Wait()
-			}
 		}
 		if q.err != nil {
 			q.txExited = true
@@ -28,37 +136,75 @@ func (q *QP) txLoop() {
 			q.mu.Unlock()
 			return
 		}
-		seq := q.sqNextSeq
-		e := *q.sq.at(int(seq - q.sqHeadSeq))
-		wr := &e.wr
-		var sinkSTag uint32
-		if wr.Opcode == verbs.OpRDMARead {
-			q.reads++
-			if r := int32(q.reads); r > q.maxReads.Load() {
-				q.maxReads.Store(r)
+		q.txBusy = true
+		pend := q.txPend
+		flush := q.txFlush
+		q.txFlush, q.txPend = false, txGroup{}
+		// Claim a batch: consecutive entries up to maxBatch FPDUs
+		// (at least one entry), Reads within ORD.
+		g := txGroup{first: q.sqNextSeq, end: q.sqNextSeq}
+		q.txBatch = q.txBatch[:0]
+		nf := 0
+		for q.sendableLocked() {
+			e := q.sq.at(int(q.sqNextSeq - q.sqHeadSeq))
+			k := fpdus(&e.wr, q.maxULPDU)
+			if len(q.txBatch) > 0 && nf+k > maxBatch {
+				break
 			}
-			sinkSTag = wr.SGL[0].MR.STag()
-			q.orq.push(readCtx{seq: seq, sinkSTag: sinkSTag, sinkTO: wr.SGL[0].Offset, size: wr.Length})
+			nf += k
+			q.txBatch = append(q.txBatch, *q.claimLocked())
+			g.end++
 		}
-		q.sqNextSeq++
 		q.mu.Unlock()
 
-		n, err := q.transmit(&e, sinkSTag)
-		if err != nil {
-			if q.setErr(fmt.Errorf("iwarp: send %v: %w: %w", wr.Opcode, verbs.ErrConnectionLost, err)) {
-				_ = q.conn.Close()
+		var err error
+		what := "the rest of a posted work request"
+		q.w.mu.Lock()
+		if flush {
+			// Finish what a poster's write left.
+			err = q.w.startLocked()
+		}
+		if err == nil && len(q.txBatch) > 0 {
+			err = q.w.startLocked()
+			for i := range q.txBatch {
+				if err != nil {
+					break
+				}
+				what = q.txBatch[i].wr.Opcode.String()
+				err = q.transmit(&q.txBatch[i])
 			}
-			continue
+			if err == nil {
+				err = q.w.flushLocked()
+			}
 		}
-		if q.kick && !q.kickStarted {
-			q.kickStarted = true
-			q.wg.Add(1)
-			go q.kickLoop()
+		q.w.mu.Unlock()
+		if err != nil {
+			q.txFailed(what, err)
+		} else if g.end > g.first {
+			q.startKick()
 		}
-		if wr.Opcode != verbs.OpRDMARead {
-			q.completeSend(seq, verbs.StatusSuccess, n)
+		clear(q.txBatch) // drop references to the caller's memory
+		q.mu.Lock()
+		q.txBusy = false
+		if err == nil {
+			if flush {
+				q.completeLocked(pend)
+			}
+			q.completeLocked(g)
 		}
+		q.mu.Unlock()
 	}
+}
+
+// sendableLocked reports whether an entry awaits transmission and may go
+// now: RFC 5040 s5.2 / RFC 6581: never more Read Requests outstanding
+// than the negotiated ORD.
+func (q *QP) sendableLocked() bool {
+	if q.sqNextSeq-q.sqHeadSeq == uint64(q.sq.len()) {
+		return false
+	}
+	e := q.sq.at(int(q.sqNextSeq - q.sqHeadSeq))
+	return e.wr.Opcode != verbs.OpRDMARead || q.reads < q.ord
 }
 
 // sglCursor walks a gather list.
@@ -86,20 +232,21 @@ func (c *sglCursor) take(dst [][]byte, n int) [][]byte {
 }
 
 // transmit segments one work request into FPDUs (RFC 5041 s5: each DDP
-// segment fits one MPA ULPDU) and writes them. It returns the bytes sent.
-// sinkSTag is the local STag of an RDMA Read's sink.
-func (q *QP) transmit(e *sqEntry, sinkSTag uint32) (uint32, error) {
+// segment fits one MPA ULPDU) and adds them to the writer's batch, which
+// the caller started and writes. The caller owns the transmit side and
+// holds the writer's lock.
+func (q *QP) transmit(e *sqEntry) error {
 	wr := &e.wr
 	if wr.Opcode == verbs.OpRDMARead {
 		// RFC 5040 s4.4: untagged QN 1, one segment, 28-byte payload.
 		hl := putUntagged(q.txHdr[:], true, opReadReq, 0, qnReadReq, q.readMSN, 0)
 		q.readMSN++
-		rr := readRequest{sinkSTag: sinkSTag, sinkTO: wr.SGL[0].Offset, size: wr.Length,
+		rr := readRequest{sinkSTag: wr.SGL[0].MR.STag(), sinkTO: wr.SGL[0].Offset, size: wr.Length,
 			srcSTag: wr.RemoteSTag, srcTO: wr.RemoteOffset}
 		rr.put(q.txHdr[hl:])
-		return 0, q.w.write(q.txHdr[:hl+readReqLen])
+		return q.w.addLocked(q.txHdr[:hl+readReqLen], nil)
 	}
-	total := int(verbs.SGLLen(wr.SGL))
+	total := int(e.byteLen)
 	cur := sglCursor{sgl: e.pieces[:e.npieces]}
 	var op byte
 	var rsvd, msn uint32
@@ -135,12 +282,12 @@ func (q *QP) transmit(e *sqEntry, sinkSTag uint32) (uint32, error) {
 			putUntagged(q.txHdr[:], last, op, rsvd, qnSend, msn, uint32(off))
 		}
 		q.txPieces = cur.take(q.txPieces[:0], k)
-		if err := q.w.write(q.txHdr[:hl], q.txPieces...); err != nil {
-			return 0, err
+		if err := q.w.addLocked(q.txHdr[:hl], q.txPieces); err != nil {
+			return err
 		}
 		off += k
 		if last {
-			return uint32(total), nil
+			return nil
 		}
 	}
 }
@@ -148,13 +295,13 @@ func (q *QP) transmit(e *sqEntry, sinkSTag uint32) (uint32, error) {
 // respLoop serves inbound RDMA Read Requests with Read Responses.
 func (q *QP) respLoop() {
 	defer q.wg.Done()
+	var f *rxFault // outside the loop: errors.As moves it to the heap
 	for {
 		select {
 		case <-q.done:
 			return
 		case rr := <-q.irq:
 			err := q.serveRead(rr)
-			var f *rxFault
 			switch {
 			case err == nil:
 			case errors.As(err, &f):
@@ -204,25 +351,43 @@ func (q *QP) serveRead(rr readRequest) error {
 		q.onServe()
 	}
 	var hb [taggedHdrLen]byte
+	var piece [1][]byte
 	maxPayload := q.maxULPDU - taggedHdrLen
 	off := 0
 	for {
-		k := min(len(src)-off, maxPayload)
-		last := off+k == len(src)
-		if last {
-			// Free the IRD slot before the peer can see the end
-			// of the response and issue its next request.
-			q.irqCount.Add(-1)
-		}
-		putTagged(hb[:], last, opReadResp, rr.sinkSTag, rr.sinkTO+uint64(off))
 		q.w.mu.Lock()
+		// What a poster's write left goes first, outside the
+		// access: a stop must only interrupt this response.
+		if err := q.w.startLocked(); err != nil {
+			q.w.mu.Unlock()
+			return err
+		}
 		if !q.respStop.ioStart() {
 			q.w.mu.Unlock()
-			// Between two segments: the stream is intact, so the
+			// Between two batches: the stream is intact, so the
 			// peer learns why its read ends (RFC 5040 s7).
 			return readFault(rr, RDMAPCodeInvalidSTag, fmt.Errorf("inbound RDMA Read: STag %#08x invalidated during the response: %w", rr.srcSTag, verbs.ErrInvalidSTag))
 		}
-		err := q.w.writeLocked(hb[:], [][]byte{src[off : off+k]})
+		// Up to respBatch segments per system call; fewer than a
+		// full batch, so that Sends interleave with a long response.
+		last := false
+		for range respBatch {
+			k := min(len(src)-off, maxPayload)
+			last = off+k == len(src)
+			if last {
+				// Free the IRD slot before the peer can see the
+				// end of the response and issue its next request.
+				q.irqCount.Add(-1)
+			}
+			putTagged(hb[:], last, opReadResp, rr.sinkSTag, rr.sinkTO+uint64(off))
+			piece[0] = src[off : off+k]
+			_ = q.w.addLocked(hb[:], piece[:]) // the batch is not full: no write
+			off += k
+			if last {
+				break
+			}
+		}
+		err := q.w.flushLocked()
 		stopped := q.respStop.ioEnd()
 		q.w.mu.Unlock()
 		if err != nil {
@@ -231,12 +396,14 @@ func (q *QP) serveRead(rr readRequest) error {
 			}
 			return err
 		}
-		off += k
 		if last {
 			return nil
 		}
 	}
 }
+
+// respBatch is how many Read Response segments go out per system call.
+const respBatch = 8
 
 // readFault is the Terminate for an inbound RDMA Read that cannot be
 // served: a remote protection error with the offending Read Request

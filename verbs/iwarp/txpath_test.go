@@ -1,0 +1,187 @@
+package iwarp
+
+import (
+	"bytes"
+	"net"
+	"runtime"
+	"testing"
+
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// TestPostDirectHandoff: an RDMA Write posted on an idle queue pair goes
+// out from the poster's goroutine; the socket takes only part of it (the
+// peer does not read yet), and the tx goroutine writes the rest. Sends
+// posted meanwhile queue behind it. The peer receives every FPDU intact
+// and in posting order, and the completions come in posting order.
+func TestPostDirectHandoff(t *testing.T) {
+	pd := verbs.NewProtectionDomain()
+	sp := hookParams(pd, 0, 0, nil, nil)
+	sp.Setup = func(qp verbs.QueuePair) error {
+		// A small send buffer: the direct write cannot finish.
+		return qp.(*QP).conn.(*net.TCPConn).SetWriteBuffer(8 << 10)
+	}
+	qp, peer := newScriptPeer(t, sp)
+	const size = maxBatch * (defaultMaxULPDU - taggedHdrLen) // the largest direct post
+	data := randBytes(size, 7)
+	if err := qp.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpRDMAWrite, SGL: gather(t, pd, data), RemoteSTag: 0x4200, RemoteOffset: 64}); err != nil {
+		t.Fatal(err)
+	}
+	if n := qp.handoffs.Load(); n != 1 {
+		t.Fatalf("%d hand-offs after a %d-byte post to a peer that does not read, want 1", n, size)
+	}
+	const sends = 5
+	for i := range sends {
+		msg := []byte{byte(i), 'm', 's', 'g'}
+		if err := qp.PostSend(verbs.SendWR{WRID: uint64(2 + i), Opcode: verbs.OpSend, SGL: gather(t, pd, msg)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []byte
+	for len(got) < size {
+		h, b, err := peer.next()
+		if err != nil {
+			t.Fatalf("after %d bytes of the Write: %v", len(got), err)
+		}
+		if !h.tagged() || h.opcode() != opWrite || h.stag != 0x4200 || h.to != 64+uint64(len(got)) {
+			t.Fatalf("FPDU %+v at Write offset %d", h, len(got))
+		}
+		got = append(got, b...)
+		if h.last() != (len(got) == size) {
+			t.Fatalf("last flag %v at %d of %d bytes", h.last(), len(got), size)
+		}
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("the Write's payload arrived changed")
+	}
+	for i := range sends {
+		h, b, err := peer.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.tagged() || h.opcode() != opSend || h.msn != uint32(1+i) || !bytes.Equal(b, []byte{byte(i), 'm', 's', 'g'}) {
+			t.Fatalf("Send %d: %+v %q", i, h, b)
+		}
+	}
+	wcs := pollN(t, qp.SendCQ(), 1+sends)
+	expect(t, wcs[0], 1, verbs.StatusSuccess, verbs.OpRDMAWrite)
+	if wcs[0].ByteLen != size {
+		t.Fatalf("Write completion of %d bytes, want %d", wcs[0].ByteLen, size)
+	}
+	for i, wc := range wcs[1:] {
+		expect(t, wc, uint64(2+i), verbs.StatusSuccess, verbs.OpSend)
+	}
+	if qp.Err() != nil {
+		t.Fatal(qp.Err())
+	}
+}
+
+// TestReceiveHeaderPrefetchSplits: after a large RDMA Write (read
+// straight into place), the receiver takes whatever of the next FPDU's
+// header has arrived with the Write's trailer. The next FPDU, a Send and
+// then another large Write, arrives cut at every point of its header; each
+// is placed and completed exactly once.
+func TestReceiveHeaderPrefetchSplits(t *testing.T) {
+	pd := verbs.NewProtectionDomain()
+	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	const big = directMin
+	region := make([]byte, 2*big)
+	mr := reg(t, pd, region, verbs.AccessRemoteWrite)
+	var h [untaggedHdrLen]byte
+	sendFPDU := func(msn uint32, payload ...byte) []byte {
+		n := putUntagged(h[:], true, opSend, 0, qnSend, msn, 0)
+		return fpdu(append(h[:n:n], payload...))
+	}
+	for cut := 0; cut <= 2+untaggedHdrLen+4; cut++ {
+		rbuf, done := make([]byte, 8), make([]byte, 8)
+		if err := postRecv(qp, uint64(2*cut), rbuf); err != nil {
+			t.Fatal(err)
+		}
+		if err := postRecv(qp, uint64(2*cut+1), done); err != nil {
+			t.Fatal(err)
+		}
+		w1 := randBytes(big, uint64(2*cut))
+		w2 := randBytes(big, uint64(2*cut+1))
+		send := sendFPDU(uint32(2*cut+1), 'c', 'u', 't', byte(cut))
+		first := append(taggedFPDU(opWrite, true, mr.STag(), 0, w1), send[:cut]...)
+		rest := append(send[cut:], taggedFPDU(opWrite, true, mr.STag(), big, w2)...)
+		// A second Send after the second Write: its completion shows
+		// the Write placed (RFC 5040 s5.5: in order).
+		rest = append(rest, sendFPDU(uint32(2*cut+2), 'e', 'n', 'd')...)
+		peer.mustWrite(first)
+		peer.mustWrite(rest)
+		wc := pollOne(t, qp.RecvCQ())
+		expect(t, wc, uint64(2*cut), verbs.StatusSuccess, verbs.OpRecv)
+		if wc.ByteLen != 4 || !bytes.Equal(rbuf[:4], []byte{'c', 'u', 't', byte(cut)}) {
+			t.Fatalf("cut %d: received %q (%d bytes)", cut, rbuf[:wc.ByteLen], wc.ByteLen)
+		}
+		wc = pollOne(t, qp.RecvCQ())
+		expect(t, wc, uint64(2*cut+1), verbs.StatusSuccess, verbs.OpRecv)
+		if wc.ByteLen != 3 || string(done[:3]) != "end" {
+			t.Fatalf("cut %d: second Send %q (%d bytes)", cut, done[:wc.ByteLen], wc.ByteLen)
+		}
+		if !bytes.Equal(region[:big], w1) || !bytes.Equal(region[big:], w2) {
+			t.Fatalf("cut %d: Write payloads not in place", cut)
+		}
+		if qp.Err() != nil {
+			t.Fatalf("cut %d: %v", cut, qp.Err())
+		}
+	}
+}
+
+// TestPostDoesNotWaitForStalledResponse: while the responder is stuck
+// writing a Read Response the peer does not take, a post returns at once
+// (the tx goroutine sends the work request later) instead of waiting for
+// the writer. Once the peer reads, the Send arrives, whole and once.
+func TestPostDoesNotWaitForStalledResponse(t *testing.T) {
+	ctx := testCtx(t)
+	pd := verbs.NewProtectionDomain()
+	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	const size = 16 << 20 // more than the socket buffers hold
+	src := reg(t, pd, make([]byte, size), verbs.AccessRemoteRead)
+	peer.mustWrite(peer.readRequestFPDU(readRequest{sinkSTag: 0x4200, size: size, srcSTag: src.STag()}))
+	// Wait until the responder holds the writer (it soon stays in a
+	// write the peer does not take).
+	for qp.w.mu.TryLock() {
+		qp.w.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			t.Fatal("the responder did not start")
+		default:
+			runtime.Gosched()
+		}
+	}
+	posted := make(chan error, 1)
+	go func() {
+		posted <- qp.PostSend(verbs.SendWR{WRID: 1, Opcode: verbs.OpSend, SGL: gather(t, pd, []byte("after"))})
+	}()
+	select {
+	case err := <-posted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("PostSend waited for the stalled Read Response")
+	}
+	// The Send may go out between two batches of the response (they
+	// are independent messages): each arrives whole, once.
+	got, sends := 0, 0
+	for got < size || sends == 0 {
+		h, b, err := peer.next()
+		if err != nil {
+			t.Fatalf("after %d bytes of the response and %d Sends: %v", got, sends, err)
+		}
+		if !h.tagged() {
+			if h.opcode() != opSend || string(b) != "after" || sends > 0 {
+				t.Fatalf("untagged FPDU %+v %q (Sends so far %d)", h, b, sends)
+			}
+			sends++
+			continue
+		}
+		if h.opcode() != opReadResp || h.to != uint64(got) {
+			t.Fatalf("FPDU %+v at response offset %d", h, got)
+		}
+		got += len(b)
+	}
+	expect(t, pollOne(t, qp.SendCQ()), 1, verbs.StatusSuccess, verbs.OpSend)
+}
