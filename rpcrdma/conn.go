@@ -35,6 +35,7 @@ type conn struct {
 	inflight int      // credits in use: calls, REQXCH, one-way messages
 	oneWay   []uint64 // sequence numbers of one-way messages holding a credit
 	wake     chan struct{}
+	waiting  int // callers waiting on wake for a credit
 	sends    map[uint64]sendState
 	nextWR   uint64 // also the sequence number of the last message posted
 	err      error
@@ -62,15 +63,14 @@ const (
 	recvGone // returned to the pool
 )
 
-// sendState is a Send in flight: its registered buffer and who waits.
+// sendState is a Send in flight: its registered buffer, which the send
+// queue owns until the Send completes.
 type sendState struct {
-	done chan struct{}
-	buf  []byte
+	buf []byte
 }
 
 // complete ends a Send: the send queue is done with its buffer.
 func (c *conn) complete(s sendState) {
-	close(s.done)
 	c.t.pool.Put(s.buf)
 }
 
@@ -280,17 +280,29 @@ func (c *conn) acquireCredit(ctx context.Context) error {
 			return nil
 		}
 		wake := c.wake
+		c.waiting++
 		c.mu.Unlock()
+		var err error
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
+		}
+		c.mu.Lock()
+		c.waiting--
+		c.mu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
 }
 
-// wakeLocked lets credit waiters look again.
+// wakeLocked lets credit waiters look again. With none, the channel
+// stays: a reply does not pay for a new one.
 func (c *conn) wakeLocked() {
+	if c.waiting == 0 {
+		return
+	}
 	close(c.wake)
 	c.wake = make(chan struct{})
 }
@@ -331,7 +343,7 @@ func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
 		c.t.pool.Put(buf)
 		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
 	}
-	c.sends[wr] = sendState{done: make(chan struct{}), buf: buf}
+	c.sends[wr] = sendState{buf: buf}
 	return wr, nil
 }
 

@@ -59,7 +59,9 @@ type req struct {
 	// segment, counted by invalidate (mrcache InvalidatePlaced); nil
 	// when it cannot know (a hardware provider).
 	writePlaced []int
-	replyBuf    []byte // Reply chunk target (slab); handed up with the reply
+	placedBuf   []int     // backs writePlaced, kept with the pooled req
+	readSegs    []Segment // backs the Read chunk's segments
+	replyBuf    []byte    // Reply chunk target (slab); handed up with the reply
 	replySegs   []Segment
 	kinds       [2]chunkKind // call and reply decisions, for tracing and counters
 	tr          *Transport
@@ -141,10 +143,11 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		// RFC 8166 s3.4.5: the Read chunk's position is the offset of the
 		// reduced item in the whole payload stream; the item's XDR pad
 		// goes with it (s3.4.4), so Tail follows Head directly.
-		segs, _, err := c.exposeBulk(ctx, r, call.Bulk, verbs.AccessRemoteRead, nil)
+		segs, _, err := c.exposeBulk(ctx, r, call.Bulk, verbs.AccessRemoteRead, r.readSegs[:0])
 		if err != nil {
 			return err
 		}
+		r.readSegs = segs
 		for _, sg := range segs {
 			h.Reads = append(h.Reads, ReadSegment{Position: uint32(len(call.Head)), Segment: sg})
 		}
@@ -303,27 +306,26 @@ const invalidateWait = 2 * time.Second
 func (r *req) invalidate(c *conn) error {
 	var first error
 	known := true // every Write chunk segment's placed count is known
-	placed := make([]int, r.writeRegs)
+	placed := r.placedBuf[:0]
 	for i, reg := range r.regs {
-		inv := reg.Invalidate
-		if k := i - r.writeFrom; k >= 0 && k < r.writeRegs {
-			// A Write chunk segment: count what the peer placed
-			// once no placement can run any more (RFC 8166
-			// s3.4.6: only the bytes it wrote are data).
-			inv = func(ctx context.Context) error {
-				n, ok, err := reg.InvalidatePlaced(ctx)
-				if err == nil {
-					placed[k], known = n, known && ok
-				}
-				return err
-			}
-		}
+		// A Write chunk segment counts what the peer placed once no
+		// placement can run any more (RFC 8166 s3.4.6: only the bytes
+		// it wrote are data).
+		k := i - r.writeFrom
+		isWrite := k >= 0 && k < r.writeRegs
 		// No placement in progress is the common case: no wait.
-		err := inv(noWait)
+		n, ok, err := reg.InvalidatePlaced(noWait)
 		if err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
-			err = inv(ctx)
+			n, ok, err = reg.InvalidatePlaced(ctx)
 			cancel()
+		}
+		switch {
+		case isWrite && err == nil:
+			placed = append(placed, n)
+			known = known && ok
+		case isWrite:
+			placed = append(placed, 0) // the call fails: see below
 		}
 		if c.t.cfg.Tracer.On(trace.MR) {
 			c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", r.xid, reg.STag, err)
@@ -342,6 +344,7 @@ func (r *req) invalidate(c *conn) error {
 		}
 		r.regs[i] = nil
 	}
+	r.placedBuf = placed
 	if r.writeRegs > 0 && known {
 		r.writePlaced = placed
 	}

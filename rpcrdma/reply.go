@@ -182,8 +182,12 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	if errors.Is(err, oncrpc.ErrConnection) {
 		go c.fail(err)
 	}
-	c.t.tracef(trace.RDMA, "reply xid=%#x proc=%d credits=%d len=%d writes=%v reply=%v inv=%v/%#x lent=%v err=%v",
-		h.XID, h.Proc, h.Credit, len(payload), h.Writes, h.Reply, withInv, inv, lend, err)
+	if c.t.cfg.Tracer.On(trace.RDMA) {
+		// Formatted only when traced: the arguments would cost a
+		// call an allocation each.
+		c.t.tracef(trace.RDMA, "reply xid=%#x proc=%d credits=%d len=%d writes=%s reply=%s inv=%v/%#x lent=%v err=%v",
+			h.XID, h.Proc, h.Credit, len(payload), chunksString(h.Writes), segsString(h.Reply), withInv, inv, lend, err)
+	}
 	r.reply, r.err = rep, err
 	close(r.done)
 	return lend
