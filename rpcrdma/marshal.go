@@ -55,6 +55,10 @@ type req struct {
 	writeOff  []Segment               // the Write chunk offered, to check the reply's echo
 	writeRegs int                     // regs[writeFrom:writeFrom+writeRegs] expose the Write chunk's segments, in order
 	writeFrom int
+	// regs[readFrom:] expose the call's Read chunk: the peer may only
+	// read them, so they are invalidated by the caller before the call
+	// returns, not before the reply is looked at.
+	readFrom int
 	// writePlaced is what the provider saw placed in each Write chunk
 	// segment, counted by invalidate (mrcache InvalidatePlaced); nil
 	// when it cannot know (a hardware provider).
@@ -90,6 +94,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	h := &r.hdr
 	*h = Header{XID: call.XID, Vers: vers, Credit: credits, Proc: ProcMsg, Reads: h.Reads[:0], Writes: h.Writes[:0]}
 	r.writeRegs, r.writePlaced = 0, nil
+	r.readFrom = maxRegs // until the call side is marshalled: all
 	pool := c.t.pool
 
 	// Reply side first: it adds to the header's size. The reply's
@@ -134,6 +139,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		hdrLen += 4 + writeSegLen*len(h.Reply)
 	}
 	pad := zeroPad[:xdr.Pad(len(call.Bulk))]
+	r.readFrom = len(r.regs)
 	switch {
 	case hdrLen+call.Len() <= sendSize:
 		r.kinds[0] = chunkInline
@@ -304,10 +310,20 @@ const invalidateWait = 2 * time.Second
 // outlives connections: its buffers are withdrawn for good and the
 // transport refuses further calls (ErrExposed).
 func (r *req) invalidate(c *conn) error {
+	return r.invalidateFirst(c, len(r.regs))
+}
+
+// maxRegs stands for "every exposure" in readFrom.
+const maxRegs = 1 << 30
+
+// invalidateFirst is invalidate for the first n exposures of r (all
+// with n >= len(r.regs)); the others stay, first in r.regs.
+func (r *req) invalidateFirst(c *conn, n int) error {
+	n = min(n, len(r.regs))
 	var first error
 	known := true // every Write chunk segment's placed count is known
 	placed := r.placedBuf[:0]
-	for i, reg := range r.regs {
+	for i, reg := range r.regs[:n] {
 		// A Write chunk segment counts what the peer placed once no
 		// placement can run any more (RFC 8166 s3.4.6: only the bytes
 		// it wrote are data).
@@ -348,7 +364,11 @@ func (r *req) invalidate(c *conn) error {
 	if r.writeRegs > 0 && known {
 		r.writePlaced = placed
 	}
-	r.regs, r.writeRegs = r.regs[:0], 0
+	// The Write chunk's exposures come before the Read chunk's (marshal
+	// does the reply side first), so none of them stays.
+	k := copy(r.regs, r.regs[n:])
+	clear(r.regs[k:])
+	r.regs, r.writeRegs, r.readFrom = r.regs[:k], 0, 0
 	return first
 }
 

@@ -140,10 +140,14 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	lend := (v == deliverReply || v == confirmedV2) && h.Proc == ProcMsg && c.lendLocked(i)
 	c.mu.Unlock()
 
-	// RFC 8166 s4.4.1: every region the call exposed is dead before the
-	// reply is used; if one cannot be, the connection is closed first
-	// (s4.5.4) and the call fails to be retransmitted.
-	invErr := r.invalidate(c)
+	// RFC 8166 s4.4.1: every region the peer may write (Write and Reply
+	// chunks) is dead before the reply is used; if one cannot be, the
+	// connection is closed first (s4.5.4) and the call fails to be
+	// retransmitted. The Read chunk's, which the peer only reads, are
+	// the caller's to invalidate before the call returns (conn.send):
+	// its provider may still be finishing the RDMA Read response, and
+	// this loop need not wait for that.
+	invErr := r.invalidateFirst(c, r.readFrom)
 	if invErr != nil {
 		if lend {
 			c.returnRecv(i)
