@@ -310,15 +310,18 @@ const invalidateWait = 2 * time.Second
 // outlives connections: its buffers are withdrawn for good and the
 // transport refuses further calls (ErrExposed).
 func (r *req) invalidate(c *conn) error {
-	return r.invalidateFirst(c, len(r.regs))
+	return r.invalidateFirst(c, len(r.regs), false)
 }
 
 // maxRegs stands for "every exposure" in readFrom.
 const maxRegs = 1 << 30
 
 // invalidateFirst is invalidate for the first n exposures of r (all
-// with n >= len(r.regs)); the others stay, first in r.regs.
-func (r *req) invalidateFirst(c *conn, n int) error {
+// with n >= len(r.regs)); the others stay, first in r.regs. With busy
+// set the exposures are likely still in use by the provider (a Read
+// chunk whose Read Response it has just sent): the bounded wait starts
+// at once, without a no-wait attempt that would fail.
+func (r *req) invalidateFirst(c *conn, n int, busy bool) error {
 	n = min(n, len(r.regs))
 	var first error
 	known := true // every Write chunk segment's placed count is known
@@ -330,8 +333,15 @@ func (r *req) invalidateFirst(c *conn, n int) error {
 		k := i - r.writeFrom
 		isWrite := k >= 0 && k < r.writeRegs
 		// No placement in progress is the common case: no wait.
-		n, ok, err := reg.InvalidatePlaced(noWait)
-		if err != nil {
+		var (
+			n   int
+			ok  bool
+			err error
+		)
+		if !busy {
+			n, ok, err = reg.InvalidatePlaced(noWait)
+		}
+		if busy || err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
 			n, ok, err = reg.InvalidatePlaced(ctx)
 			cancel()

@@ -147,7 +147,7 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	// the caller's to invalidate before the call returns (conn.send):
 	// its provider may still be finishing the RDMA Read response, and
 	// this loop need not wait for that.
-	invErr := r.invalidateFirst(c, r.readFrom)
+	invErr := r.invalidateFirst(c, r.readFrom, false)
 	if invErr != nil {
 		if lend {
 			c.returnRecv(i)

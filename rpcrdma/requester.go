@@ -277,8 +277,10 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	case <-r.done:
 		// What the reply left exposed (the Read chunk) is invalidated
 		// before the call returns (RFC 8166 s8.1.3); if it cannot be,
-		// the connection is closed and the call fails (s4.5.4).
-		if err := r.invalidate(c); err != nil && r.err == nil {
+		// the connection is closed and the call fails (s4.5.4). The
+		// provider usually has yet to end its Read Response access
+		// when the reply comes.
+		if err := r.invalidateFirst(c, len(r.regs), true); err != nil && r.err == nil {
 			if r.reply != nil {
 				r.reply.Release()
 				r.reply = nil
