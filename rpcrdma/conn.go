@@ -46,7 +46,8 @@ type conn struct {
 	recvBufs  [][]byte
 	recvSGL   [][]verbs.SGE // each buffer's scatter list, made once
 	recvState []recvState
-	recvFree  []int // neither posted nor lent
+	recvFree  []int    // neither posted nor lent
+	recvRet   []func() // recvRet[i] gives buffer i back (a lent reply's Release)
 
 	// bcSlots bounds the backward direction: a slot per backward call
 	// being served or answered, up to the slots we offered (RFC 8167
@@ -115,6 +116,7 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 		c.recvBufs = append(c.recvBufs, b)
 		c.recvSGL = append(c.recvSGL, []verbs.SGE{sge})
 		c.recvState = append(c.recvState, recvIdle)
+		c.recvRet = append(c.recvRet, func() { c.returnRecv(i) })
 		if i >= posted {
 			c.recvFree = append(c.recvFree, i)
 		}
@@ -185,6 +187,14 @@ func (c *conn) putRecvBufs() {
 			c.recvState[i] = recvGone
 		}
 	}
+}
+
+// returner returns the function that gives receive buffer i back.
+func (c *conn) returner(i int) func() {
+	if i < len(c.recvRet) {
+		return c.recvRet[i]
+	}
+	return func() { c.returnRecv(i) }
 }
 
 // returnRecv takes back a receive buffer lent with a reply.

@@ -176,7 +176,7 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	var rep *oncrpc.Reply
 	var err error
 	if lend {
-		rep, err = r.parseReply(h, payload, func() { c.returnRecv(i) })
+		rep, err = r.parseReply(h, payload, c.returner(i))
 		if rep == nil {
 			c.returnRecv(i)
 		}

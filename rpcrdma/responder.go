@@ -182,6 +182,20 @@ func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	return nil
 }
 
+// repostRecv posts buf again as receive wrid, whose last buffer the
+// queue pair has completed: its scatter list can be reused.
+func (c *serverConn) repostRecv(wrid uint64, buf []byte) error {
+	sge, ok := c.s.pool.Locate(buf)
+	if !ok {
+		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
+	}
+	if c.recvSGL == nil {
+		c.recvSGL = make([][1]verbs.SGE, len(c.recvBufs))
+	}
+	c.recvSGL[wrid][0] = sge
+	return c.qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: c.recvSGL[wrid][:]})
+}
+
 func (s *Responder) postRecv(qp verbs.QueuePair, wrid uint64, buf []byte) error {
 	sge, ok := s.pool.Locate(buf)
 	if !ok {
@@ -230,7 +244,8 @@ type serverConn struct {
 	privSend int  // version-1 send threshold from RFC 8797 private data
 	peerInv  bool // version 1: the requester accepts Send With Invalidate
 
-	recvBufs [][]byte // posted by Responder.setupQP, owned by serve
+	recvBufs [][]byte       // posted by Responder.setupQP, owned by serve
+	recvSGL  [][1]verbs.SGE // by WRID: the scatter list of the posted buffer, owned by serve
 
 	mu        sync.Mutex // guards the version-2 state below
 	vers      uint32     // 0 until the first call, then its version
@@ -283,7 +298,7 @@ func (c *serverConn) serve() {
 			}
 			msg := append([]byte(nil), bufs[w.WRID][:w.ByteLen]...)
 			bufs[w.WRID] = c.nextRecvBuf(bufs[w.WRID])
-			if c.s.postRecv(c.qp, w.WRID, bufs[w.WRID]) != nil {
+			if c.repostRecv(w.WRID, bufs[w.WRID]) != nil {
 				return
 			}
 			if len(msg) >= 16 && binary.BigEndian.Uint32(msg[12:]) == ProcOptional {
