@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -152,6 +153,46 @@ func BenchmarkRead4KiB(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkRatio1MiB alternates 1 MiB calls over RDMA and over TCP, one of
+// each per iteration (in turns, which goes first), and reports rdma/tcp,
+// the ratio of their throughputs: on a loaded machine the sub-benchmarks
+// above, which run one after the other, see different loads.
+//
+//	go test -run '^$' -bench Ratio1MiB ./rpcrdma
+func BenchmarkRatio1MiB(b *testing.B) {
+	bts := benchTransports(b)
+	for _, dir := range []string{"write", "read"} {
+		b.Run(dir, func(b *testing.B) {
+			trs := [2]benchTransport{bts["rdma"], bts["tcp"]}
+			var bufs [2][]byte
+			for i, bt := range trs {
+				bufs[i] = bt.buf(b, 1<<20)
+				copy(bufs[i], pattern(1<<20))
+			}
+			var e xdr.Encoder
+			var spent [2]time.Duration
+			b.SetBytes(2 << 20)
+			for i := 0; b.Loop(); i++ {
+				for k := range 2 {
+					j := (i + k) % 2
+					start := time.Now()
+					var err error
+					if dir == "write" {
+						err = sink(b.Context(), trs[j].clnt, &e, bufs[j])
+					} else {
+						err = source(b.Context(), trs[j].clnt, &e, bufs[j])
+					}
+					spent[j] += time.Since(start)
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(spent[1])/float64(spent[0]), "rdma/tcp")
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/mrcache"
@@ -35,6 +36,7 @@ type conn struct {
 	inflight int      // credits in use: calls, REQXCH, one-way messages
 	oneWay   []uint64 // sequence numbers of one-way messages holding a credit
 	wake     chan struct{}
+	waiting  int // callers waiting on wake for a credit
 	sends    map[uint64]sendState
 	nextWR   uint64 // also the sequence number of the last message posted
 	err      error
@@ -45,7 +47,11 @@ type conn struct {
 	recvBufs  [][]byte
 	recvSGL   [][]verbs.SGE // each buffer's scatter list, made once
 	recvState []recvState
-	recvFree  []int // neither posted nor lent
+	recvFree  []int    // neither posted nor lent
+	recvRet   []func() // recvRet[i] gives buffer i back (a lent reply's Release)
+
+	reapMu  sync.Mutex
+	reapBuf [16]verbs.Completion // reapSends' buffer; guarded by reapMu
 
 	// bcSlots bounds the backward direction: a slot per backward call
 	// being served or answered, up to the slots we offered (RFC 8167
@@ -62,15 +68,14 @@ const (
 	recvGone // returned to the pool
 )
 
-// sendState is a Send in flight: its registered buffer and who waits.
+// sendState is a Send in flight: its registered buffer, which the send
+// queue owns until the Send completes.
 type sendState struct {
-	done chan struct{}
-	buf  []byte
+	buf []byte
 }
 
 // complete ends a Send: the send queue is done with its buffer.
 func (c *conn) complete(s sendState) {
-	close(s.done)
 	c.t.pool.Put(s.buf)
 }
 
@@ -115,6 +120,7 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 		c.recvBufs = append(c.recvBufs, b)
 		c.recvSGL = append(c.recvSGL, []verbs.SGE{sge})
 		c.recvState = append(c.recvState, recvIdle)
+		c.recvRet = append(c.recvRet, func() { c.returnRecv(i) })
 		if i >= posted {
 			c.recvFree = append(c.recvFree, i)
 		}
@@ -185,6 +191,14 @@ func (c *conn) putRecvBufs() {
 			c.recvState[i] = recvGone
 		}
 	}
+}
+
+// returner returns the function that gives receive buffer i back.
+func (c *conn) returner(i int) func() {
+	if i < len(c.recvRet) {
+		return c.recvRet[i]
+	}
+	return func() { c.returnRecv(i) }
 }
 
 // returnRecv takes back a receive buffer lent with a reply.
@@ -280,17 +294,29 @@ func (c *conn) acquireCredit(ctx context.Context) error {
 			return nil
 		}
 		wake := c.wake
+		c.waiting++
 		c.mu.Unlock()
+		var err error
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
+		}
+		c.mu.Lock()
+		c.waiting--
+		c.mu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
 }
 
-// wakeLocked lets credit waiters look again.
+// wakeLocked lets credit waiters look again. With none, the channel
+// stays: a reply does not pay for a new one.
 func (c *conn) wakeLocked() {
+	if c.waiting == 0 {
+		return
+	}
 	close(c.wake)
 	c.wake = make(chan struct{})
 }
@@ -331,15 +357,28 @@ func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
 		c.t.pool.Put(buf)
 		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
 	}
-	c.sends[wr] = sendState{done: make(chan struct{}), buf: buf}
+	c.sends[wr] = sendState{buf: buf}
 	return wr, nil
 }
 
+// sendReapEvery is how often sendLoop takes in Send completions that no
+// caller has taken.
+const sendReapEvery = 10 * time.Millisecond
+
+// sendLoop takes in Send completions that no caller took (reapSends)
+// while the connection lives, then gives back the buffers of the Sends
+// left once the queue pair is closed. It polls on a timer rather than
+// waiting on the completion queue, so that a Send does not wake it:
+// callers take their completions in after their reply (xprtrdma too
+// takes Send completions in batches).
 func (c *conn) sendLoop() {
-	var wc [32]verbs.Completion
+	tick := time.NewTicker(sendReapEvery)
+	defer tick.Stop()
 	for {
-		n, err := c.qp.SendCQ().Poll(c.ctx, wc[:])
-		if err != nil {
+		select {
+		case <-tick.C:
+			c.reapSends()
+		case <-c.ctx.Done():
 			// The queue pair may still read send buffers until it
 			// is closed.
 			<-c.qpClosed
@@ -349,6 +388,22 @@ func (c *conn) sendLoop() {
 				delete(c.sends, wr)
 			}
 			c.mu.Unlock()
+			return
+		}
+	}
+}
+
+// reapSends ends the Sends whose completions are in: their buffers go
+// back to the pool, and a failed one ends the connection.
+func (c *conn) reapSends() {
+	if !c.reapMu.TryLock() {
+		return // another caller is at it
+	}
+	defer c.reapMu.Unlock()
+	wc := c.reapBuf[:]
+	for {
+		n := c.qp.SendCQ().TryPoll(wc)
+		if n == 0 {
 			return
 		}
 		for _, w := range wc[:n] {

@@ -455,3 +455,70 @@ func TestHostileStalledTransfer(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileReplyDuringReadResponse: a peer that replies while the Read
+// Response for the call's Read chunk is still going out (it stops reading
+// it halfway) cannot make the call return with the chunk readable: the
+// invalidation the call makes before it returns stops the transfer (the
+// connection ends under it), and the reply is still the call's (RFC 8166
+// s8.1.3, s4.5.4). This covers the Read chunk's invalidation by the
+// caller, after the receive path has delivered the reply.
+func TestHostileReplyDuringReadResponse(t *testing.T) {
+	fp := newFakePeer(t, peerOpts{Credits: 4})
+	tr := fp.transport(Config{Version: Version1})
+	pc := warmUp(t, fp, tr)
+	pool := tr.Buffers()
+	const size = 256 << 10
+	bulk, err := pool.Get(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Put(bulk)
+	copy(bulk, pattern(size))
+	a := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 41, Head: mkCall(41, procEcho, be32(size)), Bulk: bulk, MaxReplySize: 128})
+	m := pc.recvCall()
+	if len(m.Hdr.Reads) != 1 {
+		t.Fatalf("call sent with %d read segments, want a Read chunk", len(m.Hdr.Reads))
+	}
+	n := pc.gate.holdReads()
+	rs := m.Hdr.Reads[0]
+	pc.postRead(rs.Handle, rs.Offset, int(rs.Length))
+	pc.mu.Lock()
+	readWR := pc.nextWR
+	pc.mu.Unlock()
+	if err := pc.gate.waitRead(fp.ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	// The reply's Send completes only after the RDMA Read (send queue
+	// order): it is posted without waiting.
+	m.release()
+	sge, done := pc.local(encodeMsg(pc.replyHeader(m), rpcReply(m.RPCXID), be32(0)))
+	defer done()
+	pc.mu.Lock()
+	pc.nextWR++
+	err = pc.qp.PostSend(verbs.SendWR{WRID: pc.nextWR, Opcode: verbs.OpSend, SGL: []verbs.SGE{sge}})
+	pc.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fp.wait(a)
+	switch {
+	case r.err == nil:
+		r.rep.Release()
+	case !errors.Is(r.err, oncrpc.ErrConnection):
+		t.Fatalf("call returned %v", r.err)
+	}
+	requireFenced(t, tr, m.segments(), true)
+	// Only now may the peer read on: the transfer was stopped before the
+	// call returned.
+	pc.gate.open()
+	var wc [1]verbs.Completion
+	for wc[0].WRID != readWR {
+		if k, err := pc.qp.SendCQ().Poll(fp.ctx, wc[:]); err != nil || k != 1 {
+			t.Fatalf("the peer's RDMA Read did not complete: %d, %v", k, err)
+		}
+	}
+	if wc[0].Status == verbs.StatusSuccess {
+		t.Fatal("the peer read the whole Read chunk after the call returned")
+	}
+}

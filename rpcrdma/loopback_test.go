@@ -62,7 +62,7 @@ func (r *replyBufs) get(n int) []byte {
 }
 
 func (r *replyBufs) put(b []byte) {
-	if r.pool != nil && r.pool.Put(b) == nil {
+	if r.pool != nil && r.pool.Contains(b) && r.pool.Put(b) == nil {
 		return
 	}
 	r.heap.Put(&b)

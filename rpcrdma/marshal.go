@@ -55,11 +55,17 @@ type req struct {
 	writeOff  []Segment               // the Write chunk offered, to check the reply's echo
 	writeRegs int                     // regs[writeFrom:writeFrom+writeRegs] expose the Write chunk's segments, in order
 	writeFrom int
+	// regs[readFrom:] expose the call's Read chunk: the peer may only
+	// read them, so they are invalidated by the caller before the call
+	// returns, not before the reply is looked at.
+	readFrom int
 	// writePlaced is what the provider saw placed in each Write chunk
 	// segment, counted by invalidate (mrcache InvalidatePlaced); nil
 	// when it cannot know (a hardware provider).
 	writePlaced []int
-	replyBuf    []byte // Reply chunk target (slab); handed up with the reply
+	placedBuf   []int     // backs writePlaced, kept with the pooled req
+	readSegs    []Segment // backs the Read chunk's segments
+	replyBuf    []byte    // Reply chunk target (slab); handed up with the reply
 	replySegs   []Segment
 	kinds       [2]chunkKind // call and reply decisions, for tracing and counters
 	tr          *Transport
@@ -88,6 +94,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	h := &r.hdr
 	*h = Header{XID: call.XID, Vers: vers, Credit: credits, Proc: ProcMsg, Reads: h.Reads[:0], Writes: h.Writes[:0]}
 	r.writeRegs, r.writePlaced = 0, nil
+	r.readFrom = maxRegs // until the call side is marshalled: all
 	pool := c.t.pool
 
 	// Reply side first: it adds to the header's size. The reply's
@@ -132,6 +139,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		hdrLen += 4 + writeSegLen*len(h.Reply)
 	}
 	pad := zeroPad[:xdr.Pad(len(call.Bulk))]
+	r.readFrom = len(r.regs)
 	switch {
 	case hdrLen+call.Len() <= sendSize:
 		r.kinds[0] = chunkInline
@@ -141,10 +149,11 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		// RFC 8166 s3.4.5: the Read chunk's position is the offset of the
 		// reduced item in the whole payload stream; the item's XDR pad
 		// goes with it (s3.4.4), so Tail follows Head directly.
-		segs, _, err := c.exposeBulk(ctx, r, call.Bulk, verbs.AccessRemoteRead, nil)
+		segs, _, err := c.exposeBulk(ctx, r, call.Bulk, verbs.AccessRemoteRead, r.readSegs[:0])
 		if err != nil {
 			return err
 		}
+		r.readSegs = segs
 		for _, sg := range segs {
 			h.Reads = append(h.Reads, ReadSegment{Position: uint32(len(call.Head)), Segment: sg})
 		}
@@ -301,29 +310,48 @@ const invalidateWait = 2 * time.Second
 // outlives connections: its buffers are withdrawn for good and the
 // transport refuses further calls (ErrExposed).
 func (r *req) invalidate(c *conn) error {
+	return r.invalidateFirst(c, len(r.regs), false)
+}
+
+// maxRegs stands for "every exposure" in readFrom.
+const maxRegs = 1 << 30
+
+// invalidateFirst is invalidate for the first n exposures of r (all
+// with n >= len(r.regs)); the others stay, first in r.regs. With busy
+// set the exposures are likely still in use by the provider (a Read
+// chunk whose Read Response it has just sent): the bounded wait starts
+// at once, without a no-wait attempt that would fail.
+func (r *req) invalidateFirst(c *conn, n int, busy bool) error {
+	n = min(n, len(r.regs))
 	var first error
 	known := true // every Write chunk segment's placed count is known
-	placed := make([]int, r.writeRegs)
-	for i, reg := range r.regs {
-		inv := reg.Invalidate
-		if k := i - r.writeFrom; k >= 0 && k < r.writeRegs {
-			// A Write chunk segment: count what the peer placed
-			// once no placement can run any more (RFC 8166
-			// s3.4.6: only the bytes it wrote are data).
-			inv = func(ctx context.Context) error {
-				n, ok, err := reg.InvalidatePlaced(ctx)
-				if err == nil {
-					placed[k], known = n, known && ok
-				}
-				return err
-			}
-		}
+	placed := r.placedBuf[:0]
+	for i, reg := range r.regs[:n] {
+		// A Write chunk segment counts what the peer placed once no
+		// placement can run any more (RFC 8166 s3.4.6: only the bytes
+		// it wrote are data).
+		k := i - r.writeFrom
+		isWrite := k >= 0 && k < r.writeRegs
 		// No placement in progress is the common case: no wait.
-		err := inv(noWait)
-		if err != nil {
+		var (
+			n   int
+			ok  bool
+			err error
+		)
+		if !busy {
+			n, ok, err = reg.InvalidatePlaced(noWait)
+		}
+		if busy || err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
-			err = inv(ctx)
+			n, ok, err = reg.InvalidatePlaced(ctx)
 			cancel()
+		}
+		switch {
+		case isWrite && err == nil:
+			placed = append(placed, n)
+			known = known && ok
+		case isWrite:
+			placed = append(placed, 0) // the call fails: see below
 		}
 		if c.t.cfg.Tracer.On(trace.MR) {
 			c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", r.xid, reg.STag, err)
@@ -342,10 +370,15 @@ func (r *req) invalidate(c *conn) error {
 		}
 		r.regs[i] = nil
 	}
+	r.placedBuf = placed
 	if r.writeRegs > 0 && known {
 		r.writePlaced = placed
 	}
-	r.regs, r.writeRegs = r.regs[:0], 0
+	// The Write chunk's exposures come before the Read chunk's (marshal
+	// does the reply side first), so none of them stays.
+	k := copy(r.regs, r.regs[n:])
+	clear(r.regs[k:])
+	r.regs, r.writeRegs, r.readFrom = r.regs[:k], 0, 0
 	return first
 }
 

@@ -283,35 +283,18 @@ func (c *conn) sendErrorLocked(h *Header, code uint32) {
 }
 
 // answerReqXch decides a peer's request to change our characteristics
-// (xcharext s4.3): done, rej and pend are disjoint and cover the request.
+// (xcharext s4.3). Our Receives do not grow, we accept Send With
+// Invalidate only if configured to, and we serve backward calls inline
+// at most.
 func (c *conn) answerReqXch(m ReqXch) RespXch {
-	var r RespXch
-	seen := map[uint32]bool{}
-	for i, v := range m.Want {
-		if seen[v.Which] {
-			// xcharext s2.1 imposes no order and says nothing of
-			// duplicates: each entry is answered on its own, later
-			// duplicates rejected.
-			r.Rej = r.Rej.With(i)
-			continue
-		}
-		seen[v.Which] = true
-		want := Chars{RBSize: uint32(c.recvSize), ReqRemInv: c.t.cfg.AcceptInvalidate, BRS: BRSInline}
-		known, err := want.apply(v)
+	ours := Chars{RBSize: uint32(c.recvSize), ReqRemInv: c.t.cfg.AcceptInvalidate, BRS: BRSInline}
+	return answerReqXch(m, ours, func(_ XCharVal, want Chars) xchAnswer {
 		switch {
-		case !known || err != nil:
-			r.Rej = r.Rej.With(i)
-		case want.RBSize > uint32(c.recvSize):
-			r.Rej = r.Rej.With(i) // our Receives do not grow
-		case want.ReqRemInv && !c.t.cfg.AcceptInvalidate:
-			r.Rej = r.Rej.With(i)
-		case want.BRS > BRSInline:
-			r.Rej = r.Rej.With(i)
-		default:
-			r.Done = r.Done.With(i)
+		case want.RBSize > ours.RBSize, want.ReqRemInv && !c.t.cfg.AcceptInvalidate, want.BRS > BRSInline:
+			return xchRej
 		}
-	}
-	return r
+		return xchDone
+	})
 }
 
 // applyRespXch applies the answer to our REQXCH. xcharext s4.3 only says

@@ -140,10 +140,14 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	lend := (v == deliverReply || v == confirmedV2) && h.Proc == ProcMsg && c.lendLocked(i)
 	c.mu.Unlock()
 
-	// RFC 8166 s4.4.1: every region the call exposed is dead before the
-	// reply is used; if one cannot be, the connection is closed first
-	// (s4.5.4) and the call fails to be retransmitted.
-	invErr := r.invalidate(c)
+	// RFC 8166 s4.4.1: every region the peer may write (Write and Reply
+	// chunks) is dead before the reply is used; if one cannot be, the
+	// connection is closed first (s4.5.4) and the call fails to be
+	// retransmitted. The Read chunk's, which the peer only reads, are
+	// the caller's to invalidate before the call returns (conn.send):
+	// its provider may still be finishing the RDMA Read response, and
+	// this loop need not wait for that.
+	invErr := r.invalidateFirst(c, r.readFrom, false)
 	if invErr != nil {
 		if lend {
 			c.returnRecv(i)
@@ -172,7 +176,7 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	var rep *oncrpc.Reply
 	var err error
 	if lend {
-		rep, err = r.parseReply(h, payload, func() { c.returnRecv(i) })
+		rep, err = r.parseReply(h, payload, c.returner(i))
 		if rep == nil {
 			c.returnRecv(i)
 		}
@@ -182,8 +186,12 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	if errors.Is(err, oncrpc.ErrConnection) {
 		go c.fail(err)
 	}
-	c.t.tracef(trace.RDMA, "reply xid=%#x proc=%d credits=%d len=%d writes=%v reply=%v inv=%v/%#x lent=%v err=%v",
-		h.XID, h.Proc, h.Credit, len(payload), h.Writes, h.Reply, withInv, inv, lend, err)
+	if c.t.cfg.Tracer.On(trace.RDMA) {
+		// Formatted only when traced: the arguments would cost a
+		// call an allocation each.
+		c.t.tracef(trace.RDMA, "reply xid=%#x proc=%d credits=%d len=%d writes=%s reply=%s inv=%v/%#x lent=%v err=%v",
+			h.XID, h.Proc, h.Credit, len(payload), chunksString(h.Writes), segsString(h.Reply), withInv, inv, lend, err)
+	}
 	r.reply, r.err = rep, err
 	close(r.done)
 	return lend

@@ -275,6 +275,21 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	}
 	select {
 	case <-r.done:
+		// The call's Send has normally completed by now: its buffer
+		// goes back (see sendLoop).
+		c.reapSends()
+		// What the reply left exposed (the Read chunk) is invalidated
+		// before the call returns (RFC 8166 s8.1.3); if it cannot be,
+		// the connection is closed and the call fails (s4.5.4). The
+		// provider usually has yet to end its Read Response access
+		// when the reply comes.
+		if err := r.invalidateFirst(c, len(r.regs), true); err != nil && r.err == nil {
+			if r.reply != nil {
+				r.reply.Release()
+				r.reply = nil
+			}
+			r.err, r.resend = fmt.Errorf("%w: xid %#x: %w", oncrpc.ErrConnection, r.xid, err), false
+		}
 	case <-ctx.Done():
 		// The call's memory is invalidated (finish) before send
 		// returns; its credit stays counted until a reply or the end

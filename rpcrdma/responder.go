@@ -182,6 +182,20 @@ func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	return nil
 }
 
+// repostRecv posts buf again as receive wrid, whose last buffer the
+// queue pair has completed: its scatter list can be reused.
+func (c *serverConn) repostRecv(wrid uint64, buf []byte) error {
+	sge, ok := c.s.pool.Locate(buf)
+	if !ok {
+		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
+	}
+	if c.recvSGL == nil {
+		c.recvSGL = make([][1]verbs.SGE, len(c.recvBufs))
+	}
+	c.recvSGL[wrid][0] = sge
+	return c.qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: c.recvSGL[wrid][:]})
+}
+
 func (s *Responder) postRecv(qp verbs.QueuePair, wrid uint64, buf []byte) error {
 	sge, ok := s.pool.Locate(buf)
 	if !ok {
@@ -230,7 +244,8 @@ type serverConn struct {
 	privSend int  // version-1 send threshold from RFC 8797 private data
 	peerInv  bool // version 1: the requester accepts Send With Invalidate
 
-	recvBufs [][]byte // posted by Responder.setupQP, owned by serve
+	recvBufs [][]byte       // posted by Responder.setupQP, owned by serve
+	recvSGL  [][1]verbs.SGE // by WRID: the scatter list of the posted buffer, owned by serve
 
 	mu        sync.Mutex // guards the version-2 state below
 	vers      uint32     // 0 until the first call, then its version
@@ -243,7 +258,8 @@ type serverConn struct {
 	inFlight atomic.Int64
 	sendMu   sync.Mutex // orders a reply's RDMA Writes before its Send
 	wr       atomic.Uint64
-	onDone   sync.Map // wrid -> func(verbs.Completion), run by sendLoop
+	doneMu   sync.Mutex
+	onDone   map[uint64]wrDone // by WRID, run by sendLoop; guarded by doneMu
 }
 
 func (c *serverConn) tracef(format string, args ...any) {
@@ -282,7 +298,7 @@ func (c *serverConn) serve() {
 			}
 			msg := append([]byte(nil), bufs[w.WRID][:w.ByteLen]...)
 			bufs[w.WRID] = c.nextRecvBuf(bufs[w.WRID])
-			if c.s.postRecv(c.qp, w.WRID, bufs[w.WRID]) != nil {
+			if c.repostRecv(w.WRID, bufs[w.WRID]) != nil {
 				return
 			}
 			if len(msg) >= 16 && binary.BigEndian.Uint32(msg[12:]) == ProcOptional {
@@ -303,8 +319,8 @@ func (c *serverConn) sendLoop(ctx context.Context) {
 	var wc [16]verbs.Completion
 	run := func(ws []verbs.Completion) {
 		for _, w := range ws {
-			if fn, ok := c.onDone.LoadAndDelete(w.WRID); ok {
-				fn.(func(verbs.Completion))(w)
+			if d, ok := c.takeDone(w.WRID); ok {
+				d.run(c.s.pool, w)
 			}
 		}
 	}
@@ -339,30 +355,73 @@ func (c *serverConn) postSend(op verbs.Opcode, invalidate uint32, pieces ...[]by
 	for _, p := range pieces {
 		k += copy(buf[k:], p)
 	}
-	return c.post(verbs.SendWR{WRID: c.wr.Add(1), Opcode: op, InvalidateSTag: invalidate}, buf, n, nil)
+	return c.post(verbs.SendWR{WRID: c.wr.Add(1), Opcode: op, InvalidateSTag: invalidate}, buf, n, wrDone{})
 }
 
-// post posts wr with buf[:n] as its one SGE and gives buf back to the
-// pool when wr completes (after done, if set, has seen the completion).
-func (c *serverConn) post(wr verbs.SendWR, buf []byte, n int, done func(verbs.Completion)) error {
+// wrDone is what the completion of a send queue work request does, in
+// this order: copy a transport buffer out to copyTo (an RDMA Read through
+// a bounce buffer, on success only), hand the completion to ch, give buf
+// back to the pool, drop a hold on ref. Only then may the memory be
+// reused: the queue pair no longer touches it.
+type wrDone struct {
+	buf    []byte
+	copyTo []byte
+	ch     chan<- verbs.Completion
+	ref    *replyRef
+}
+
+func (d wrDone) run(pool *mrcache.Pool, w verbs.Completion) {
+	if d.copyTo != nil && w.Status == verbs.StatusSuccess {
+		copy(d.copyTo, d.buf)
+	}
+	if d.ch != nil {
+		d.ch <- w
+	}
+	d.release(pool)
+}
+
+// release gives back what the work request held, without a completion
+// (it could not be posted) or after one.
+func (d wrDone) release(pool *mrcache.Pool) {
+	if d.buf != nil {
+		pool.Put(d.buf)
+	}
+	if d.ref != nil {
+		d.ref.drop()
+	}
+}
+
+// takeDone removes and returns the completion work of wrid.
+func (c *serverConn) takeDone(wrid uint64) (wrDone, bool) {
+	c.doneMu.Lock()
+	d, ok := c.onDone[wrid]
+	delete(c.onDone, wrid)
+	c.doneMu.Unlock()
+	return d, ok
+}
+
+// post posts wr with buf[:n] as its one SGE; buf goes back to the pool
+// once wr has completed (d.buf is set to it).
+func (c *serverConn) post(wr verbs.SendWR, buf []byte, n int, d wrDone) error {
 	sge, _ := c.s.pool.Locate(buf[:max(n, 1)])
 	sge.Length = uint32(n)
-	return c.postSGE(wr, sge, done, func() { c.s.pool.Put(buf) })
+	d.buf = buf
+	return c.postSGE(wr, sge, d)
 }
 
-// postSGE posts wr with sge as its one SGE; release runs once wr has
-// completed (after done) or could not be posted.
-func (c *serverConn) postSGE(wr verbs.SendWR, sge verbs.SGE, done func(verbs.Completion), release func()) error {
+// postSGE posts wr with sge as its one SGE; d runs once wr has completed,
+// or its release at once if wr could not be posted.
+func (c *serverConn) postSGE(wr verbs.SendWR, sge verbs.SGE, d wrDone) error {
 	wr.SGL = []verbs.SGE{sge}
-	c.onDone.Store(wr.WRID, func(w verbs.Completion) {
-		if done != nil {
-			done(w)
-		}
-		release()
-	})
+	c.doneMu.Lock()
+	if c.onDone == nil {
+		c.onDone = make(map[uint64]wrDone)
+	}
+	c.onDone[wr.WRID] = d
+	c.doneMu.Unlock()
 	if err := c.qp.PostSend(wr); err != nil {
-		if _, ok := c.onDone.LoadAndDelete(wr.WRID); ok {
-			release()
+		if d, ok := c.takeDone(wr.WRID); ok {
+			d.release(c.s.pool)
 		}
 		return err
 	}
@@ -418,8 +477,13 @@ func (c *serverConn) handle(msg []byte) {
 	// A call is in flight from its arrival until its reply is about to
 	// go out: the requester cannot send the next one before that reply.
 	depth := c.inFlight.Add(1)
-	var leaveOnce sync.Once
-	leave := func() { leaveOnce.Do(func() { c.inFlight.Add(-1) }) }
+	left := false
+	leave := func() {
+		if !left {
+			left = true
+			c.inFlight.Add(-1)
+		}
+	}
 	defer leave()
 	for {
 		m := c.s.maxInFlight.Load()
@@ -600,22 +664,13 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 			var err error
 			if sge, ok := c.s.pool.Locate(p.dst); ok {
 				// Straight into the registered call buffer.
-				wr.SGL = []verbs.SGE{sge}
-				c.onDone.Store(wr.WRID, func(w verbs.Completion) { p.ch <- w })
-				if err = c.qp.PostSend(wr); err != nil {
-					c.onDone.Delete(wr.WRID)
-				}
+				err = c.postSGE(wr, sge, wrDone{ch: p.ch})
 			} else {
 				buf, gerr := c.s.pool.GetWait(context.Background(), int(n))
 				if gerr != nil {
 					return gerr
 				}
-				err = c.post(wr, buf, int(n), func(w verbs.Completion) {
-					if w.Status == verbs.StatusSuccess {
-						copy(p.dst, buf[:n])
-					}
-					p.ch <- w
-				})
+				err = c.post(wr, buf, int(n), wrDone{copyTo: p.dst, ch: p.ch})
 			}
 			if err != nil {
 				return fmt.Errorf("RDMA Read: %w", err)
@@ -641,10 +696,17 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 	sendSize, remInv := c.sendParams()
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
+	// The payload is head then tail: a Write chunk takes the
+	// DDP-eligible data and its pad out of the middle, the length word
+	// staying (RFC 8166 s3.4.4); both are copied into the Send buffer.
+	head, tail := reply, []byte(nil)
+	var (
+		segBuf [2]Segment
+		wBuf   [1][]Segment
+	)
 	if len(call.Writes) > 0 {
 		chunk := call.Writes[0]
-		ret := make([]Segment, len(chunk))
-		copy(ret, chunk)
+		ret := append(segBuf[:0], chunk...)
 		for i := range ret {
 			ret[i].Length = 0 // RFC 8166 s4.3.2: unused chunks return lengths of zero
 		}
@@ -656,14 +718,10 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 				if err := c.rdmaWrite(chunk, reply[off:off+n], ret, ref); err != nil {
 					return err
 				}
-				// The data and its pad leave the payload; the length
-				// word stays (RFC 8166 s3.4.4).
-				reduced := make([]byte, 0, len(reply)-n)
-				reduced = append(reduced, reply[:off]...)
-				reply = append(reduced, reply[min(off+xdr.RoundUp(n), len(reply)):]...)
+				head, tail = reply[:off], reply[min(off+xdr.RoundUp(n), len(reply)):]
 			}
 		}
-		out.Writes = [][]Segment{ret}
+		out.Writes = append(wBuf[:0], ret)
 		for _, w := range call.Writes[1:] {
 			unused := make([]Segment, len(w))
 			copy(unused, w)
@@ -673,24 +731,30 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 			out.Writes = append(out.Writes, unused)
 		}
 	}
+	var hdrBuf [MinHeaderLen + 64]byte
 	var e xdr.Encoder
+	e.Reset(hdrBuf[:0])
 	out.Append(&e)
-	if e.Len()+len(reply) > sendSize {
-		if call.Reply == nil {
-			return fmt.Errorf("%w: %d-byte reply does not fit inline and no Reply chunk", ErrChunkRejected, len(reply))
+	if e.Len()+len(head)+len(tail) > sendSize {
+		payload := head
+		if len(tail) > 0 {
+			payload = append(append(make([]byte, 0, len(head)+len(tail)), head...), tail...)
 		}
-		if len(reply) > chunkLen(call.Reply) {
-			return fmt.Errorf("%w: %d-byte reply for a %d-byte Reply chunk", ErrChunkRejected, len(reply), chunkLen(call.Reply))
+		if call.Reply == nil {
+			return fmt.Errorf("%w: %d-byte reply does not fit inline and no Reply chunk", ErrChunkRejected, len(payload))
+		}
+		if len(payload) > chunkLen(call.Reply) {
+			return fmt.Errorf("%w: %d-byte reply for a %d-byte Reply chunk", ErrChunkRejected, len(payload), chunkLen(call.Reply))
 		}
 		ret := make([]Segment, len(call.Reply))
 		copy(ret, call.Reply)
-		if err := c.rdmaWrite(call.Reply, reply, ret, nil); err != nil {
+		if err := c.rdmaWrite(call.Reply, payload, ret, nil); err != nil {
 			return err
 		}
 		out.Proc = ProcNoMsg
 		out.Reply = ret
-		reply = nil
-		e.Reset(nil)
+		head, tail = nil, nil
+		e.Reset(hdrBuf[:0])
 		out.Append(&e)
 	}
 	op, inv := verbs.OpSend, uint32(0)
@@ -698,8 +762,25 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 		op, inv = verbs.OpSendWithInvalidate, stag
 		c.s.sendInvs.Add(1)
 	}
-	c.tracef("reply xid=%#x proc=%d inline=%d writes=%v reply=%v", call.XID, out.Proc, len(reply), out.Writes, out.Reply)
-	return c.postSend(op, inv, e.Bytes(), reply)
+	if c.s.cfg.Tracer.On(trace.RDMA) {
+		c.tracef("reply xid=%#x proc=%d inline=%d writes=%s reply=%s", call.XID, out.Proc, len(head)+len(tail), chunksString(out.Writes), segsString(out.Reply))
+	}
+	return c.postSend(op, inv, e.Bytes(), head, tail)
+}
+
+// segsString and chunksString format segments as %v does, from a copy:
+// arguments given to a formatter escape, and the reply's segments live
+// on the stack.
+func segsString(segs []Segment) string {
+	return fmt.Sprint(append([]Segment(nil), segs...))
+}
+
+func chunksString(chunks [][]Segment) string {
+	cp := make([][]Segment, len(chunks))
+	for i, w := range chunks {
+		cp[i] = append([]Segment(nil), w...)
+	}
+	return fmt.Sprint(cp)
 }
 
 // singleSTag returns the one STag the call exposed for the reply, if it
@@ -742,7 +823,7 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref 
 			if direct {
 				sge, _ := c.s.pool.Locate(data[done : done+k])
 				ref.hold()
-				if err := c.postSGE(wr, sge, nil, ref.drop); err != nil {
+				if err := c.postSGE(wr, sge, wrDone{ref: ref}); err != nil {
 					return fmt.Errorf("RDMA Write: %w", err)
 				}
 				done += k
@@ -753,7 +834,7 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref 
 				return fmt.Errorf("RDMA Write: %w", err)
 			}
 			copy(buf, data[done:done+k])
-			if err := c.post(wr, buf, k, nil); err != nil {
+			if err := c.post(wr, buf, k, wrDone{}); err != nil {
 				return fmt.Errorf("RDMA Write: %w", err)
 			}
 			done += k

@@ -143,27 +143,17 @@ func (c *serverConn) handleOptional(h *Header) {
 func (c *serverConn) answerReqXch(m ReqXch, xid uint32) RespXch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var r RespXch
-	seen := map[uint32]bool{}
-	for i, v := range m.Want {
-		if seen[v.Which] {
-			r.Rej = r.Rej.With(i)
-			continue
-		}
-		seen[v.Which] = true
-		want := Chars{RBSize: uint32(c.recvSize), BRS: BRSNone}
-		known, err := want.apply(v)
+	ours := Chars{RBSize: uint32(c.recvSize), BRS: BRSNone}
+	return answerReqXch(m, ours, func(v XCharVal, want Chars) xchAnswer {
 		switch {
-		case !known || err != nil || v.Which != XCharRBSize:
-			r.Rej = r.Rej.With(i)
+		case v.Which != XCharRBSize:
+			return xchRej
 		case int(want.RBSize) <= c.recvSize:
-			r.Done = r.Done.With(i)
+			return xchDone
 		case int(want.RBSize) > c.s.cfg.MaxRecv || c.growTo != 0:
-			r.Rej = r.Rej.With(i)
-		default:
-			c.growTo, c.oldBufs, c.growXID = int(want.RBSize), c.s.cfg.Credits+4, xid
-			r.Pend = r.Pend.With(i)
+			return xchRej
 		}
-	}
-	return r
+		c.growTo, c.oldBufs, c.growXID = int(want.RBSize), c.s.cfg.Credits+4, xid
+		return xchPend
+	})
 }

@@ -3,6 +3,7 @@ package rpcrdma
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -325,5 +326,59 @@ func TestOptionalGolden(t *testing.T) {
 	}
 	if _, err := d.Decode(e.Bytes(), false); err == nil {
 		t.Fatal("INVAL_OPTION accepted by a version-1 decoder")
+	}
+}
+
+// TestAnswerReqXchDisjoint checks the loop both sides answer REQXCH
+// with (xcharext s4.3): done, rej and pend are disjoint and cover the
+// request; duplicates, unknown ids and malformed values are rejected
+// without reaching decide, which sees ours with the one entry applied.
+func TestAnswerReqXchDisjoint(t *testing.T) {
+	ours := Chars{RBSize: 4096, BRS: BRSInline}
+	want := []XCharVal{
+		Uint32Val(XCharRBSize, 8192),                // 0: pend
+		Uint32Val(XCharBRS, BRSGenl),                // 1: done
+		Uint32Val(XCharRBSize, 2048),                // 2: duplicate id
+		Uint32Val(xcharExperimentalFirst, 1),        // 3: unknown
+		{Which: XCharReqRemInv, Data: []byte{0, 0}}, // 4: malformed
+		BoolVal(XCharReqRemInv, true),               // 5: a duplicate of a malformed id
+	}
+	var seen []Chars
+	decide := func(v XCharVal, w Chars) xchAnswer {
+		seen = append(seen, w)
+		switch v.Which {
+		case XCharRBSize:
+			return xchPend
+		case XCharBRS:
+			return xchDone
+		}
+		return xchRej
+	}
+	check := func(r RespXch, in []string) {
+		t.Helper()
+		for i := range in {
+			var got []string
+			for name, s := range map[string]Subset{"done": r.Done, "rej": r.Rej, "pend": r.Pend} {
+				if s.Has(i) {
+					got = append(got, name)
+				}
+			}
+			if len(got) != 1 || got[0] != in[i] {
+				t.Errorf("entry %d in %v, want [%s]", i, got, in[i])
+			}
+		}
+		if r.Done.Has(len(in)) || r.Rej.Has(len(in)) || r.Pend.Has(len(in)) {
+			t.Errorf("answer %+v names an entry past the %d requested", r, len(in))
+		}
+	}
+	check(answerReqXch(ReqXch{Want: want}, ours, decide), []string{"pend", "done", "rej", "rej", "rej", "rej"})
+	wantSeen := []Chars{{RBSize: 8192, BRS: BRSInline}, {RBSize: 4096, BRS: BRSGenl}}
+	if !slices.Equal(seen, wantSeen) {
+		t.Errorf("decide saw %+v, want %+v", seen, wantSeen)
+	}
+	seen = nil
+	check(answerReqXch(ReqXch{Want: []XCharVal{BoolVal(XCharReqRemInv, true)}}, ours, decide), []string{"rej"})
+	if want := []Chars{{RBSize: 4096, ReqRemInv: true, BRS: BRSInline}}; !slices.Equal(seen, want) {
+		t.Errorf("decide saw %+v, want %+v", seen, want)
 	}
 }

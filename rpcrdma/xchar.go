@@ -298,3 +298,43 @@ func (c *Chars) applySpec(spec []XCharVal) error {
 	*c = next
 	return nil
 }
+
+// xchAnswer is how a ROPT_RESPXCH answers one requested change.
+type xchAnswer int
+
+const (
+	xchRej  xchAnswer = iota // refused
+	xchDone                  // in effect
+	xchPend                  // granted, in effect later (an UPDXCH tells when)
+)
+
+// answerReqXch answers a request to change the characteristics ours
+// (xcharext s4.3): each entry is applied to ours on its own and decide
+// judges the characteristics that would result, want. An unknown or
+// malformed entry is rejected, and so is a later duplicate of an id:
+// s2.1 imposes no order and says nothing of duplicates, so each id is
+// answered once. Done, Rej and Pend come out disjoint and cover the
+// request.
+func answerReqXch(m ReqXch, ours Chars, decide func(v XCharVal, want Chars) xchAnswer) RespXch {
+	var r RespXch
+	seen := make(map[uint32]bool, len(m.Want))
+	for i, v := range m.Want {
+		ans := xchRej
+		if !seen[v.Which] {
+			seen[v.Which] = true
+			want := ours
+			if known, err := want.apply(v); known && err == nil {
+				ans = decide(v, want)
+			}
+		}
+		switch ans {
+		case xchDone:
+			r.Done = r.Done.With(i)
+		case xchPend:
+			r.Pend = r.Pend.With(i)
+		default:
+			r.Rej = r.Rej.With(i)
+		}
+	}
+	return r
+}
