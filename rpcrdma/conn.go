@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/mrcache"
@@ -49,9 +48,6 @@ type conn struct {
 	recvState []recvState
 	recvFree  []int    // neither posted nor lent
 	recvRet   []func() // recvRet[i] gives buffer i back (a lent reply's Release)
-
-	reapMu  sync.Mutex
-	reapBuf [16]verbs.Completion // reapSends' buffer; guarded by reapMu
 
 	// bcSlots bounds the backward direction: a slot per backward call
 	// being served or answered, up to the slots we offered (RFC 8167
@@ -361,24 +357,11 @@ func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
 	return wr, nil
 }
 
-// sendReapEvery is how often sendLoop takes in Send completions that no
-// caller has taken.
-const sendReapEvery = 10 * time.Millisecond
-
-// sendLoop takes in Send completions that no caller took (reapSends)
-// while the connection lives, then gives back the buffers of the Sends
-// left once the queue pair is closed. It polls on a timer rather than
-// waiting on the completion queue, so that a Send does not wake it:
-// callers take their completions in after their reply (xprtrdma too
-// takes Send completions in batches).
 func (c *conn) sendLoop() {
-	tick := time.NewTicker(sendReapEvery)
-	defer tick.Stop()
+	var wc [32]verbs.Completion
 	for {
-		select {
-		case <-tick.C:
-			c.reapSends()
-		case <-c.ctx.Done():
+		n, err := c.qp.SendCQ().Poll(c.ctx, wc[:])
+		if err != nil {
 			// The queue pair may still read send buffers until it
 			// is closed.
 			<-c.qpClosed
@@ -388,22 +371,6 @@ func (c *conn) sendLoop() {
 				delete(c.sends, wr)
 			}
 			c.mu.Unlock()
-			return
-		}
-	}
-}
-
-// reapSends ends the Sends whose completions are in: their buffers go
-// back to the pool, and a failed one ends the connection.
-func (c *conn) reapSends() {
-	if !c.reapMu.TryLock() {
-		return // another caller is at it
-	}
-	defer c.reapMu.Unlock()
-	wc := c.reapBuf[:]
-	for {
-		n := c.qp.SendCQ().TryPoll(wc)
-		if n == 0 {
 			return
 		}
 		for _, w := range wc[:n] {

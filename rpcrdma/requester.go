@@ -275,9 +275,6 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	}
 	select {
 	case <-r.done:
-		// The call's Send has normally completed by now: its buffer
-		// goes back (see sendLoop).
-		c.reapSends()
 		// What the reply left exposed (the Read chunk) is invalidated
 		// before the call returns (RFC 8166 s8.1.3); if it cannot be,
 		// the connection is closed and the call fails (s4.5.4). The
