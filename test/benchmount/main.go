@@ -15,11 +15,15 @@
 //	go run ./test/benchmount -rdmafs bin/rdmafs [-knfsd] [-size 1024] [-rpcs]
 //
 // Figures are MB/s as fio reports them; the ratio is rdmafs over the
-// floor (or rdma over tcp). The machine is shared and noisy: each pair
-// runs back to back and -rounds repeats them, reporting the median.
+// floor (or rdma over tcp). The CPU columns are the user+sys CPU seconds
+// the serving process (the rdmafs daemon; this process for the loopback)
+// spent per GiB fio moved, from /proc/PID/stat before and after each job
+// (10 ms ticks). The machine is shared and noisy: each pair runs back to
+// back and -rounds repeats them, reporting the median.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -29,6 +33,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,33 +61,123 @@ func jobs(sizeMiB int) []job {
 	}
 }
 
-// fio runs one job in dir (on a file left there by the write jobs) and
-// returns MB/s.
-func fio(dir string, j job) (float64, error) {
-	args := append([]string{"--name=bench", "--directory=" + dir, "--filename=benchfile", "--ioengine=psync",
+// sample is one fio run: its bandwidth and the CPU time the serving
+// process spent per GiB moved.
+type sample struct {
+	mbps       float64
+	cpuPerGiB  float64 // seconds of user+sys CPU per GiB read or written
+	bytesMoved int64
+}
+
+// side is one half of a comparison: the directory fio runs in and the
+// process serving it, whose CPU time is charged to it (the rdmafs
+// daemon; this process for the go-fuse loopback).
+type side struct {
+	dir string
+	pid int
+}
+
+// fio runs one job in s.dir (on a file left there by the write jobs) and
+// returns MB/s and the serving process's CPU seconds per GiB moved.
+func fio(s side, j job) (sample, error) {
+	args := append([]string{"--name=bench", "--directory=" + s.dir, "--filename=benchfile", "--ioengine=psync",
 		"--output-format=json", "--group_reporting"}, j.args...)
+	cpu0, err := cpuTime(s.pid)
+	if err != nil {
+		return sample{}, err
+	}
 	out, err := exec.Command("fio", args...).Output()
 	if err != nil {
-		return 0, fmt.Errorf("fio %s in %s: %w", j.name, dir, err)
+		return sample{}, fmt.Errorf("fio %s in %s: %w", j.name, s.dir, err)
+	}
+	cpu1, err := cpuTime(s.pid)
+	if err != nil {
+		return sample{}, err
+	}
+	type dir struct {
+		BwBytes float64 `json:"bw_bytes"`
+		IOBytes int64   `json:"io_bytes"`
 	}
 	var res struct {
 		Jobs []struct {
-			Read struct {
-				BwBytes float64 `json:"bw_bytes"`
-			} `json:"read"`
-			Write struct {
-				BwBytes float64 `json:"bw_bytes"`
-			} `json:"write"`
+			Read  dir `json:"read"`
+			Write dir `json:"write"`
 		} `json:"jobs"`
 	}
-	if err := json.Unmarshal(out[strings.IndexByte(string(out), '{'):], &res); err != nil || len(res.Jobs) == 0 {
-		return 0, fmt.Errorf("fio %s: output: %v", j.name, err)
+	i := strings.IndexByte(string(out), '{')
+	if i < 0 {
+		return sample{}, fmt.Errorf("fio %s: no JSON in output %q", j.name, out)
 	}
-	bw := res.Jobs[0].Write.BwBytes
+	if err := json.Unmarshal(out[i:], &res); err != nil || len(res.Jobs) == 0 {
+		return sample{}, fmt.Errorf("fio %s: output: %v", j.name, err)
+	}
+	d := res.Jobs[0].Write
 	if j.read {
-		bw = res.Jobs[0].Read.BwBytes
+		d = res.Jobs[0].Read
 	}
-	return bw / 1e6, nil
+	smp := sample{mbps: d.BwBytes / 1e6, bytesMoved: d.IOBytes}
+	if d.IOBytes > 0 {
+		smp.cpuPerGiB = (cpu1 - cpu0).Seconds() / (float64(d.IOBytes) / (1 << 30))
+	}
+	return smp, nil
+}
+
+// userHZ is the unit of the CPU times in /proc/PID/stat (USER_HZ, 100 on
+// every Linux architecture Go supports; proc(5)).
+const userHZ = 100
+
+// cpuTime returns the user+sys CPU time of process pid and all its
+// threads so far.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu time: %w", err)
+	}
+	ticks, err := statTicks(b)
+	if err != nil {
+		return 0, fmt.Errorf("cpu time: /proc/%d/stat: %w", pid, err)
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
+}
+
+// statTicks returns utime+stime, fields 14 and 15 of a /proc/PID/stat
+// line, in USER_HZ ticks.
+func statTicks(b []byte) (int64, error) {
+	// proc(5): the command name (field 2) is in parentheses and may
+	// itself hold spaces and parentheses; the fields after the last ')'
+	// start at field 3 (state).
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("no ')' in %q", b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%d fields after the name, want at least 13", len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] { // fields 14 and 15
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("cpu field %q: not a tick count", s)
+		}
+		ticks += n
+	}
+	return ticks, nil
+}
+
+// servingPID returns the PID of the process serving the rdmafs mount on
+// dir, from the first line of "rdmafs stats" ("pid: N").
+func servingPID(bin, dir string) (int, error) {
+	out, err := exec.Command(bin, "stats", dir).Output()
+	if err != nil {
+		return 0, fmt.Errorf("rdmafs stats %s: %w", dir, err)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "pid:")))
+	if err != nil {
+		return 0, fmt.Errorf("rdmafs stats %s: first line %q: not pid: N", dir, line)
+	}
+	return pid, nil
 }
 
 // mountRdmafs mounts source on a new directory and returns it and the
@@ -127,7 +222,7 @@ func mountLoopback(orig string) (string, func(), error) {
 
 type row struct {
 	job  string
-	a, b []float64
+	a, b []sample
 }
 
 func median(v []float64) float64 {
@@ -139,38 +234,47 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// compare runs every job on dirA and dirB, alternating, rounds times.
-func compare(dirA, dirB string, sizeMiB, rounds int) ([]row, error) {
+// compare runs every job on a and b, alternating, rounds times.
+func compare(a, b side, sizeMiB, rounds int) ([]row, error) {
 	var rows []row
 	for _, j := range jobs(sizeMiB) {
 		r := row{job: j.name}
 		for range rounds {
-			a, err := fio(dirA, j)
+			sa, err := fio(a, j)
 			if err != nil {
 				return nil, err
 			}
-			b, err := fio(dirB, j)
+			sb, err := fio(b, j)
 			if err != nil {
 				return nil, err
 			}
-			r.a, r.b = append(r.a, a), append(r.b, b)
+			r.a, r.b = append(r.a, sa), append(r.b, sb)
 		}
 		rows = append(rows, r)
 	}
 	return rows, nil
 }
 
+// medians returns the medians of f over a and b and of the per-round
+// ratios f(a)/f(b).
+func medians(a, b []sample, f func(sample) float64) (ma, mb, ratio float64) {
+	var va, vb, ratios []float64
+	for i := range a {
+		va, vb = append(va, f(a[i])), append(vb, f(b[i]))
+		if f(b[i]) > 0 {
+			ratios = append(ratios, f(a[i])/f(b[i]))
+		}
+	}
+	return median(va), median(vb), median(ratios)
+}
+
 func printTable(title, nameA, nameB string, rows []row) {
 	fmt.Printf("\n%s\n", title)
-	fmt.Printf("| job | %s MB/s | %s MB/s | %s/%s |\n|---|---|---|---|\n", nameA, nameB, nameA, nameB)
+	fmt.Printf("| job | %[1]s MB/s | %[2]s MB/s | %[1]s/%[2]s | %[1]s CPU s/GiB | %[2]s CPU s/GiB | CPU %[1]s/%[2]s |\n|---|---|---|---|---|---|---|\n", nameA, nameB)
 	for _, r := range rows {
-		var ratios []float64
-		for i := range r.a {
-			if r.b[i] > 0 {
-				ratios = append(ratios, r.a[i]/r.b[i])
-			}
-		}
-		fmt.Printf("| %s | %.0f | %.0f | %.2f |\n", r.job, median(r.a), median(r.b), median(ratios))
+		ma, mb, ratio := medians(r.a, r.b, func(s sample) float64 { return s.mbps })
+		ca, cb, cratio := medians(r.a, r.b, func(s sample) float64 { return s.cpuPerGiB })
+		fmt.Printf("| %s | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f |\n", r.job, ma, mb, ratio, ca, cb, cratio)
 	}
 }
 
@@ -216,7 +320,11 @@ func main() {
 		log.Fatalf("benchmount: %v", err)
 	}
 	defer umountLoop()
-	rows, err := compare(nfsDir, loopDir, *size, *rounds)
+	nfsPID, err := servingPID(abs, nfsDir)
+	if err != nil {
+		log.Fatalf("benchmount: %v", err)
+	}
+	rows, err := compare(side{nfsDir, nfsPID}, side{loopDir, os.Getpid()}, *size, *rounds)
 	if err != nil {
 		log.Fatalf("benchmount: %v", err)
 	}
@@ -249,7 +357,15 @@ func main() {
 		}
 	}
 	ksize := min(*size, 96)
-	rows, err = compare(filepath.Join(rdmaDir, "bench-rdma"), filepath.Join(tcpDir, "bench-tcp"), ksize, *rounds)
+	tcpPID, err := servingPID(abs, tcpDir)
+	if err != nil {
+		log.Fatalf("benchmount: %v", err)
+	}
+	rdmaPID, err := servingPID(abs, rdmaDir)
+	if err != nil {
+		log.Fatalf("benchmount: %v", err)
+	}
+	rows, err = compare(side{filepath.Join(rdmaDir, "bench-rdma"), rdmaPID}, side{filepath.Join(tcpDir, "bench-tcp"), tcpPID}, ksize, *rounds)
 	if err != nil {
 		log.Fatalf("benchmount: %v", err)
 	}
