@@ -37,6 +37,8 @@
 #                              librdmacm, the rxe/siw provider libraries, /etc/libibverbs.d
 #   KPEER_WATCH_PID=PID        kill the qemu when process PID exits (used by the Go
 #                              harness so a killed test binary leaves no qemu behind)
+#   KPEER_PCAP=FILE            record the guest's Ethernet frames (both directions) to
+#                              FILE, a pcap (qemu filter-dump); tools/mpastat.py reads it
 set -euo pipefail
 T0=$(date +%s.%N)
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -301,11 +303,13 @@ watch() { # kill qemu $1 once process $KPEER_WATCH_PID is gone
 boot() { # $1 = kvm|tcg
   local acc=$1 cpu
   if [ "$acc" = kvm ]; then cpu=${KPEER_KVM_CPU:-host}; else cpu=max; fi
+  local dump=()
+  if [ -n "${KPEER_PCAP:-}" ]; then dump=(-object "filter-dump,id=d0,netdev=n0,file=$KPEER_PCAP"); fi
   rm -f "$LOG" "$PIDF"
   qemu-system-x86_64 -name kpeer -machine q35 -accel "$acc" -cpu "$cpu" -m "$MEM" -smp "$SMP" \
     -kernel "$R/vmlinuz" -initrd "$R/initrd.cpio" -append "$APPEND" \
     -netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$TCP_PORT-:2049,hostfwd=tcp:127.0.0.1:$RDMA_PORT-:20049,hostfwd=tcp:127.0.0.1:$SHELL_PORT-:22" \
-    -device virtio-net-pci,netdev=n0 \
+    -device virtio-net-pci,netdev=n0 "${dump[@]}" \
     -display none -monitor none -serial "file:$LOG" -no-reboot \
     -daemonize -pidfile "$PIDF" >"$R/qemu.out" 2>&1 || { cat "$R/qemu.out" >&2; rm -f "$PIDF"; return 1; }
   echo "$acc" > "$R/accel"
