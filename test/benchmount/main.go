@@ -8,7 +8,8 @@
 // sequential write and read with O_DIRECT, 4 KiB random read with
 // O_DIRECT, and buffered sequential write and read of a large file. With
 // -knfsd it also starts knfsd in the qemu guest and compares proto=tcp
-// with proto=rdma against it. With -rpcs it instead counts the COMPOUNDs
+// with proto=rdma against it (-knfsd-net picks the guest's network;
+// -ganesha=false skips the ganesha table). With -rpcs it instead counts the COMPOUNDs
 // per entry that tar x, ls -l and rm -rf take, each on a fresh mount
 // (the round trips the Linux client's OPEN+WRITE+CLOSE set the bar for).
 //
@@ -283,6 +284,8 @@ func main() {
 	knfsd := flag.Bool("knfsd", false, "also compare proto=tcp with proto=rdma against knfsd in the qemu guest")
 	size := flag.Int("size", 1024, "file size in MiB (ganesha); knfsd's tmpfs export takes at most 128")
 	rounds := flag.Int("rounds", 1, "repetitions of each pair (the median is printed)")
+	ganesha := flag.Bool("ganesha", true, "measure rdmafs on ganesha against the go-fuse loopback (false: only -knfsd)")
+	knfsdNet := flag.String("knfsd-net", "user", "the knfsd guest's network, test/kpeer KPEER_NET: user (qemu slirp, 1500-byte frames) or passt (65520-byte frames)")
 	rpcs := flag.Bool("rpcs", false, "instead of fio: count the COMPOUNDs per entry of tar x, ls -l and rm -rf against ganesha")
 	flag.Parse()
 	log.SetFlags(0)
@@ -293,81 +296,107 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
 	defer testpeer.StopAll()
 
-	g, err := testpeer.StartGanesha(ctx)
-	if err != nil {
-		log.Fatalf("benchmount: start ganesha: %v", err)
-	}
-	port := g.Addr[strings.LastIndexByte(g.Addr, ':')+1:]
-	if *rpcs {
-		steps, err := measureRPCs(abs, "127.0.0.1:"+g.Export, g.Dir, "port="+port)
-		if err != nil {
+	if *ganesha || *rpcs {
+		if err := benchGanesha(abs, *size, *rounds, *rpcs); err != nil {
 			log.Fatalf("benchmount: %v", err)
 		}
-		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine), each workload on a fresh mount", steps)
+	}
+	if !*knfsd || *rpcs {
 		return
+	}
+	if err := benchKnfsd(abs, *knfsdNet, *size, *rounds); err != nil {
+		log.Fatalf("benchmount: %v", err)
+	}
+}
+
+// benchGanesha compares rdmafs on ganesha with the go-fuse loopback of
+// the same directory, or with rpcs counts COMPOUNDs per entry.
+func benchGanesha(abs string, size, rounds int, rpcs bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	g, err := testpeer.StartGanesha(ctx)
+	if err != nil {
+		return fmt.Errorf("start ganesha: %w", err)
+	}
+	defer g.Stop()
+	port := g.Addr[strings.LastIndexByte(g.Addr, ':')+1:]
+	if rpcs {
+		steps, err := measureRPCs(abs, "127.0.0.1:"+g.Export, g.Dir, "port="+port)
+		if err != nil {
+			return err
+		}
+		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine), each workload on a fresh mount", steps)
+		return nil
 	}
 	nfsDir, umountNFS, err := mountRdmafs(abs, "127.0.0.1:"+g.Export, "port="+port)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	defer umountNFS()
 	loopDir, umountLoop, err := mountLoopback(g.Dir)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	defer umountLoop()
 	nfsPID, err := servingPID(abs, nfsDir)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
-	rows, err := compare(side{nfsDir, nfsPID}, side{loopDir, os.Getpid()}, *size, *rounds)
+	rows, err := compare(side{nfsDir, nfsPID}, side{loopDir, os.Getpid()}, size, rounds)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
-	printTable(fmt.Sprintf("rdmafs (proto=tcp, ganesha on this machine) vs go-fuse loopback of the same directory, %d MiB, median of %d", *size, *rounds),
+	printTable(fmt.Sprintf("rdmafs (proto=tcp, ganesha on this machine) vs go-fuse loopback of the same directory, %d MiB, median of %d", size, rounds),
 		"rdmafs", "loopback", rows)
+	return nil
+}
 
-	if !*knfsd {
-		return
+// benchKnfsd compares proto=rdma with proto=tcp against knfsd in the
+// qemu guest, whose network is net (test/kpeer KPEER_NET).
+func benchKnfsd(abs, net string, size, rounds int) error {
+	if net != "user" && net != "passt" {
+		return fmt.Errorf("-knfsd-net %s: want user or passt", net)
 	}
-	k, err := testpeer.StartKnfsd(ctx, testpeer.KnfsdOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	k, err := testpeer.StartKnfsd(ctx, testpeer.KnfsdOptions{Env: []string{"KPEER_NET=" + net}})
 	if err != nil {
-		log.Fatalf("benchmount: start knfsd: %v", err)
+		return fmt.Errorf("start knfsd: %w", err)
 	}
+	defer k.Stop()
 	tcpPort := k.TCPAddr[strings.LastIndexByte(k.TCPAddr, ':')+1:]
 	rdmaPort := k.RDMAAddr[strings.LastIndexByte(k.RDMAAddr, ':')+1:]
 	tcpDir, umountTCP, err := mountRdmafs(abs, "127.0.0.1:/", "port="+tcpPort)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	defer umountTCP()
 	rdmaDir, umountRDMA, err := mountRdmafs(abs, "127.0.0.1:/", "proto=rdma", "port="+rdmaPort)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	defer umountRDMA()
 	// Both mounts see the same tmpfs export: separate directories.
 	for _, d := range []string{filepath.Join(tcpDir, "bench-tcp"), filepath.Join(rdmaDir, "bench-rdma")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			log.Fatal(err)
+			return err
 		}
 	}
-	ksize := min(*size, 96)
 	tcpPID, err := servingPID(abs, tcpDir)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	rdmaPID, err := servingPID(abs, rdmaDir)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
-	rows, err = compare(side{filepath.Join(rdmaDir, "bench-rdma"), rdmaPID}, side{filepath.Join(tcpDir, "bench-tcp"), tcpPID}, ksize, *rounds)
+	ksize := min(size, 96)
+	rows, err := compare(side{filepath.Join(rdmaDir, "bench-rdma"), rdmaPID}, side{filepath.Join(tcpDir, "bench-tcp"), tcpPID}, ksize, rounds)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
-	printTable(fmt.Sprintf("knfsd in the qemu guest: proto=rdma vs proto=tcp, %d MiB, median of %d", ksize, *rounds), "rdma", "tcp", rows)
+	printTable(fmt.Sprintf("knfsd in the qemu guest (network %s): proto=rdma vs proto=tcp, %d MiB, median of %d", net, ksize, rounds), "rdma", "tcp", rows)
+	return nil
 }

@@ -9,7 +9,7 @@ RDMA port (default 20049) it also walks the MPA stream and prints the FPDU
 sizes and RDMAP opcodes (RFC 5044 s6: ULPDU length, pad, 4-byte CRC field;
 RFC 5041 s4 DDP, RFC 5040 s4 RDMAP headers).
 
-  tools/mpastat.py dump.pcap [--rdma-port 20049] [--since SEC]
+  tools/mpastat.py dump.pcap [--rdma-port 20049] [--since SEC] [--until UNIXTIME]
 """
 import argparse
 import collections
@@ -155,14 +155,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('pcap')
     ap.add_argument('--rdma-port', type=int, default=20049)
-    ap.add_argument('--since', type=float, default=0, help='skip the first SEC seconds of the dump')
+    ap.add_argument('--since', type=float, default=0, help='count from SEC seconds after the first frame (or, if SEC is a Unix time, from then)')
+    ap.add_argument('--until', type=float, default=0, help='stop at this Unix time (0: the end)')
     ap.add_argument('--gap', type=float, default=0.005, help='report pauses longer than this (s)')
     a = ap.parse_args()
     conns = collections.OrderedDict()
     t0 = None
     for t, src, sp, dst, dp, seq, ack, flags, win, opts, pl in tcp_segments(a.pcap):
         if t0 is None:
-            t0 = t
+            t0 = t if a.since < 1e9 else 0
+        if a.until and t > a.until:
+            break
         if src == GUEST:
             key, d = (sp, dp), 0
         elif dst == GUEST:
