@@ -199,13 +199,13 @@ func mountRdmafs(bin, source string, opts ...string) (string, func(), error) {
 }
 
 // mountLoopback serves orig through go-fuse's loopback node tree, with
-// rdmafs's FUSE I/O sizes.
+// rdmafs's FUSE I/O sizes and without FUSE passthrough (floor.go).
 func mountLoopback(orig string) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "benchmount-loopback-")
 	if err != nil {
 		return "", nil, err
 	}
-	root, err := fs.NewLoopbackRoot(orig)
+	root, err := newFloorRoot(orig)
 	if err != nil {
 		return "", nil, err
 	}

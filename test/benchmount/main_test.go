@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
 )
 
 func TestStatTicks(t *testing.T) {
@@ -47,4 +49,36 @@ func TestCPUTimeNoProcess(t *testing.T) {
 	if d, err := cpuTime(-1); err == nil {
 		t.Errorf("cpuTime(-1) = %v, want an error", d)
 	}
+}
+
+// TestFloorNoPassthrough checks that the floor's files cannot hand the
+// kernel their backing file, while the plain loopback's can.
+func TestFloorNoPassthrough(t *testing.T) {
+	if _, ok := fs.FileHandle(&fs.LoopbackFile{}).(fs.FilePassthroughFder); !ok {
+		t.Fatal("fs.LoopbackFile no longer implements FilePassthroughFder: floorFile is not needed")
+	}
+	fh := noPassthrough(&fs.LoopbackFile{})
+	if _, ok := fh.(fs.FilePassthroughFder); ok {
+		t.Error("floor file implements FilePassthroughFder")
+	}
+	for _, iface := range []struct {
+		name string
+		ok   bool
+	}{
+		{"reader", is[fs.FileReader](fh)},
+		{"writer", is[fs.FileWriter](fh)},
+		{"flusher", is[fs.FileFlusher](fh)},
+		{"fsyncer", is[fs.FileFsyncer](fh)},
+		{"releaser", is[fs.FileReleaser](fh)},
+		{"getattrer", is[fs.FileGetattrer](fh)},
+	} {
+		if !iface.ok {
+			t.Errorf("floor file lost the loopback's %s", iface.name)
+		}
+	}
+}
+
+func is[T any](v any) bool {
+	_, ok := v.(T)
+	return ok
 }
