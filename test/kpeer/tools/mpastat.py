@@ -4,7 +4,11 @@
 For each TCP connection of the guest (10.0.2.15) it prints, per direction:
 bytes, data segments and their sizes, pure ACKs, the largest window the
 other side advertised, bytes in flight when the sender sent (snd_nxt minus
-the newest ACK it had seen), and pauses between data segments. For the
+the newest ACK it had seen), and pauses between data segments. Per
+connection it gives the turnarounds seen from the guest's side: server
+(a data segment in -> the guest's first data segment out) and client (the
+guest's last data segment -> the next one in; that includes qemu's
+network, the host's TCP and the client). For the
 RDMA port (default 20049) it also walks the MPA stream and prints the FPDU
 sizes and RDMAP opcodes (RFC 5044 s6: ULPDU length, pad, 4-byte CRC field;
 RFC 5041 s4 DDP, RFC 5040 s4 RDMAP headers).
@@ -114,6 +118,18 @@ class Dir:
         self.mss = None
 
 
+def turnarounds(events):
+    """Server and client turnarounds from (t, dir) data events, dir 1 =
+    into the guest, 0 = out of it."""
+    srv, cli = [], []
+    prev = None
+    for t, d in events:
+        if prev is not None and prev[1] != d:
+            (srv if d == 0 else cli).append(t - prev[0])
+        prev = (t, d)
+    return srv, cli
+
+
 def pct(v, p):
     if not v:
         return 0
@@ -160,6 +176,7 @@ def main():
     ap.add_argument('--gap', type=float, default=0.005, help='report pauses longer than this (s)')
     a = ap.parse_args()
     conns = collections.OrderedDict()
+    events = collections.defaultdict(list)
     t0 = None
     for t, src, sp, dst, dp, seq, ack, flags, win, opts, pl in tcp_segments(a.pcap):
         if t0 is None:
@@ -202,12 +219,18 @@ def main():
         else:
             me.next = None  # hole: stop reassembly (not expected over slirp)
             continue
+        events[key].append((t, d))
         me.bytes += len(pl)
         me.sizes[len(pl)] += 1
         me.times.append((t, len(pl)))
         if me.peer_ack is not None:
             me.inflight.append((me.next - me.peer_ack) & 0xffffffff)
     for (gport, hport), dirs in conns.items():
+        srv, cli = turnarounds(events[(gport, hport)])
+        if srv and cli:
+            print('guest:%d peer:%d turnarounds (ms): server median %.2f p90 %.2f max %.1f; client median %.2f p90 %.2f max %.1f' % (
+                gport, hport, 1e3 * pct(srv, 0.5), 1e3 * pct(srv, 0.9), 1e3 * max(srv),
+                1e3 * pct(cli, 0.5), 1e3 * pct(cli, 0.9), 1e3 * max(cli)))
         for name, d in (('guest->host', dirs[0]), ('host->guest', dirs[1])):
             if not d.bytes:
                 continue
