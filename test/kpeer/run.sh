@@ -41,7 +41,9 @@
 #                              built-in slirp (1500-byte frames, 1460-byte TCP segments);
 #                              passt is the passt daemon (Debian package passt, no root
 #                              network setup, loopback-only forwards) with 65520-byte
-#                              frames, so siw sends ~64 KiB FPDUs instead of ~1.4 KiB
+#                              frames: siw's FPDUs are bounded by the work request
+#                              (~20 KiB for knfsd's RDMA Writes) instead of 1456 bytes;
+#                              see README "slirp or passt" for what that does and does not change
 #   KPEER_PCAP=FILE            record the guest's Ethernet frames (both directions) to
 #                              FILE, a pcap (qemu filter-dump); tools/mpastat.py reads it
 set -euo pipefail
@@ -288,7 +290,8 @@ exec 9>&-   # release the build lock; qemu must not inherit it
 # ---------------------------------------------------------------- 3. boot
 APPEND="console=ttyS0 panic=-1 rdinit=/init ${KPEER_APPEND:-}"
 # passt carries frames up to 65520 bytes (its default MTU); the guest's
-# eth0 takes that MTU, so TCP's MSS and with it siw's FPDUs grow ~45x.
+# eth0 takes that MTU, so TCP's MSS grows ~45x and siw's FPDUs (sized to
+# the MSS) are bounded by the work request instead.
 [ "$NET" = passt ] && APPEND="$APPEND kpeer.mtu=65520"
 PASSTPID=$R/passt.pid
 stop_passt() {
