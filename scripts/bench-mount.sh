@@ -2,6 +2,9 @@
 # make bench-mount: fio through rdmafs against the FUSE floor (a go-fuse
 # loopback of the same directory), and with KNFSD=1 proto=rdma against
 # proto=tcp on knfsd. Prints markdown tables (test/benchmount).
+# KNFSD_NET=passt gives the guest passt's 65520-byte frames instead of
+# qemu's slirp (test/kpeer KPEER_NET); GANESHA=0 skips the ganesha table.
+# The CPU columns are the rdmafs process's CPU seconds per GiB moved.
 # RPCS=1 counts COMPOUNDs per entry of tar x, ls -l and rm -rf instead.
 #   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
 set -euo pipefail
@@ -10,6 +13,7 @@ cd "$ROOT"
 command -v fio >/dev/null || { echo "bench-mount: fio missing: run make deps" >&2; exit 1; }
 make -s build
 args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
-[ "${KNFSD:-0}" = 1 ] && args+=(-knfsd)
+[ "${KNFSD:-0}" = 1 ] && args+=(-knfsd -knfsd-net "${KNFSD_NET:-user}")
+[ "${GANESHA:-1}" = 0 ] && args+=(-ganesha=false)
 [ "${RPCS:-0}" = 1 ] && args+=(-rpcs)
 exec go run ./test/benchmount "${args[@]}"

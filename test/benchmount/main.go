@@ -8,18 +8,23 @@
 // sequential write and read with O_DIRECT, 4 KiB random read with
 // O_DIRECT, and buffered sequential write and read of a large file. With
 // -knfsd it also starts knfsd in the qemu guest and compares proto=tcp
-// with proto=rdma against it. With -rpcs it instead counts the COMPOUNDs
+// with proto=rdma against it (-knfsd-net picks the guest's network;
+// -ganesha=false skips the ganesha table). With -rpcs it instead counts the COMPOUNDs
 // per entry that tar x, ls -l and rm -rf take, each on a fresh mount
 // (the round trips the Linux client's OPEN+WRITE+CLOSE set the bar for).
 //
 //	go run ./test/benchmount -rdmafs bin/rdmafs [-knfsd] [-size 1024] [-rpcs]
 //
 // Figures are MB/s as fio reports them; the ratio is rdmafs over the
-// floor (or rdma over tcp). The machine is shared and noisy: each pair
-// runs back to back and -rounds repeats them, reporting the median.
+// floor (or rdma over tcp). The CPU columns are the user+sys CPU seconds
+// the serving process (the rdmafs daemon; this process for the loopback)
+// spent per GiB fio moved, from /proc/PID/stat before and after each job
+// (10 ms ticks). The machine is shared and noisy: each pair runs back to
+// back and -rounds repeats them, reporting the median.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -29,6 +34,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,33 +62,123 @@ func jobs(sizeMiB int) []job {
 	}
 }
 
-// fio runs one job in dir (on a file left there by the write jobs) and
-// returns MB/s.
-func fio(dir string, j job) (float64, error) {
-	args := append([]string{"--name=bench", "--directory=" + dir, "--filename=benchfile", "--ioengine=psync",
+// sample is one fio run: its bandwidth and the CPU time the serving
+// process spent per GiB moved.
+type sample struct {
+	mbps       float64
+	cpuPerGiB  float64 // seconds of user+sys CPU per GiB read or written
+	bytesMoved int64
+}
+
+// side is one half of a comparison: the directory fio runs in and the
+// process serving it, whose CPU time is charged to it (the rdmafs
+// daemon; this process for the go-fuse loopback).
+type side struct {
+	dir string
+	pid int
+}
+
+// fio runs one job in s.dir (on a file left there by the write jobs) and
+// returns MB/s and the serving process's CPU seconds per GiB moved.
+func fio(s side, j job) (sample, error) {
+	args := append([]string{"--name=bench", "--directory=" + s.dir, "--filename=benchfile", "--ioengine=psync",
 		"--output-format=json", "--group_reporting"}, j.args...)
+	cpu0, err := cpuTime(s.pid)
+	if err != nil {
+		return sample{}, err
+	}
 	out, err := exec.Command("fio", args...).Output()
 	if err != nil {
-		return 0, fmt.Errorf("fio %s in %s: %w", j.name, dir, err)
+		return sample{}, fmt.Errorf("fio %s in %s: %w", j.name, s.dir, err)
+	}
+	cpu1, err := cpuTime(s.pid)
+	if err != nil {
+		return sample{}, err
+	}
+	type dir struct {
+		BwBytes float64 `json:"bw_bytes"`
+		IOBytes int64   `json:"io_bytes"`
 	}
 	var res struct {
 		Jobs []struct {
-			Read struct {
-				BwBytes float64 `json:"bw_bytes"`
-			} `json:"read"`
-			Write struct {
-				BwBytes float64 `json:"bw_bytes"`
-			} `json:"write"`
+			Read  dir `json:"read"`
+			Write dir `json:"write"`
 		} `json:"jobs"`
 	}
-	if err := json.Unmarshal(out[strings.IndexByte(string(out), '{'):], &res); err != nil || len(res.Jobs) == 0 {
-		return 0, fmt.Errorf("fio %s: output: %v", j.name, err)
+	i := strings.IndexByte(string(out), '{')
+	if i < 0 {
+		return sample{}, fmt.Errorf("fio %s: no JSON in output %q", j.name, out)
 	}
-	bw := res.Jobs[0].Write.BwBytes
+	if err := json.Unmarshal(out[i:], &res); err != nil || len(res.Jobs) == 0 {
+		return sample{}, fmt.Errorf("fio %s: output: %v", j.name, err)
+	}
+	d := res.Jobs[0].Write
 	if j.read {
-		bw = res.Jobs[0].Read.BwBytes
+		d = res.Jobs[0].Read
 	}
-	return bw / 1e6, nil
+	smp := sample{mbps: d.BwBytes / 1e6, bytesMoved: d.IOBytes}
+	if d.IOBytes > 0 {
+		smp.cpuPerGiB = (cpu1 - cpu0).Seconds() / (float64(d.IOBytes) / (1 << 30))
+	}
+	return smp, nil
+}
+
+// userHZ is the unit of the CPU times in /proc/PID/stat (USER_HZ, 100 on
+// every Linux architecture Go supports; proc(5)).
+const userHZ = 100
+
+// cpuTime returns the user+sys CPU time of process pid and all its
+// threads so far.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu time: %w", err)
+	}
+	ticks, err := statTicks(b)
+	if err != nil {
+		return 0, fmt.Errorf("cpu time: /proc/%d/stat: %w", pid, err)
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
+}
+
+// statTicks returns utime+stime, fields 14 and 15 of a /proc/PID/stat
+// line, in USER_HZ ticks.
+func statTicks(b []byte) (int64, error) {
+	// proc(5): the command name (field 2) is in parentheses and may
+	// itself hold spaces and parentheses; the fields after the last ')'
+	// start at field 3 (state).
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("no ')' in %q", b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%d fields after the name, want at least 13", len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] { // fields 14 and 15
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("cpu field %q: not a tick count", s)
+		}
+		ticks += n
+	}
+	return ticks, nil
+}
+
+// servingPID returns the PID of the process serving the rdmafs mount on
+// dir, from the first line of "rdmafs stats" ("pid: N").
+func servingPID(bin, dir string) (int, error) {
+	out, err := exec.Command(bin, "stats", dir).Output()
+	if err != nil {
+		return 0, fmt.Errorf("rdmafs stats %s: %w", dir, err)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "pid:")))
+	if err != nil {
+		return 0, fmt.Errorf("rdmafs stats %s: first line %q: not pid: N", dir, line)
+	}
+	return pid, nil
 }
 
 // mountRdmafs mounts source on a new directory and returns it and the
@@ -103,13 +199,13 @@ func mountRdmafs(bin, source string, opts ...string) (string, func(), error) {
 }
 
 // mountLoopback serves orig through go-fuse's loopback node tree, with
-// rdmafs's FUSE I/O sizes.
+// rdmafs's FUSE I/O sizes and without FUSE passthrough (floor.go).
 func mountLoopback(orig string) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "benchmount-loopback-")
 	if err != nil {
 		return "", nil, err
 	}
-	root, err := fs.NewLoopbackRoot(orig)
+	root, err := newFloorRoot(orig)
 	if err != nil {
 		return "", nil, err
 	}
@@ -127,7 +223,7 @@ func mountLoopback(orig string) (string, func(), error) {
 
 type row struct {
 	job  string
-	a, b []float64
+	a, b []sample
 }
 
 func median(v []float64) float64 {
@@ -139,38 +235,47 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// compare runs every job on dirA and dirB, alternating, rounds times.
-func compare(dirA, dirB string, sizeMiB, rounds int) ([]row, error) {
+// compare runs every job on a and b, alternating, rounds times.
+func compare(a, b side, sizeMiB, rounds int) ([]row, error) {
 	var rows []row
 	for _, j := range jobs(sizeMiB) {
 		r := row{job: j.name}
 		for range rounds {
-			a, err := fio(dirA, j)
+			sa, err := fio(a, j)
 			if err != nil {
 				return nil, err
 			}
-			b, err := fio(dirB, j)
+			sb, err := fio(b, j)
 			if err != nil {
 				return nil, err
 			}
-			r.a, r.b = append(r.a, a), append(r.b, b)
+			r.a, r.b = append(r.a, sa), append(r.b, sb)
 		}
 		rows = append(rows, r)
 	}
 	return rows, nil
 }
 
+// medians returns the medians of f over a and b and of the per-round
+// ratios f(a)/f(b).
+func medians(a, b []sample, f func(sample) float64) (ma, mb, ratio float64) {
+	var va, vb, ratios []float64
+	for i := range a {
+		va, vb = append(va, f(a[i])), append(vb, f(b[i]))
+		if f(b[i]) > 0 {
+			ratios = append(ratios, f(a[i])/f(b[i]))
+		}
+	}
+	return median(va), median(vb), median(ratios)
+}
+
 func printTable(title, nameA, nameB string, rows []row) {
 	fmt.Printf("\n%s\n", title)
-	fmt.Printf("| job | %s MB/s | %s MB/s | %s/%s |\n|---|---|---|---|\n", nameA, nameB, nameA, nameB)
+	fmt.Printf("| job | %[1]s MB/s | %[2]s MB/s | %[1]s/%[2]s | %[1]s CPU s/GiB | %[2]s CPU s/GiB | CPU %[1]s/%[2]s |\n|---|---|---|---|---|---|---|\n", nameA, nameB)
 	for _, r := range rows {
-		var ratios []float64
-		for i := range r.a {
-			if r.b[i] > 0 {
-				ratios = append(ratios, r.a[i]/r.b[i])
-			}
-		}
-		fmt.Printf("| %s | %.0f | %.0f | %.2f |\n", r.job, median(r.a), median(r.b), median(ratios))
+		ma, mb, ratio := medians(r.a, r.b, func(s sample) float64 { return s.mbps })
+		ca, cb, cratio := medians(r.a, r.b, func(s sample) float64 { return s.cpuPerGiB })
+		fmt.Printf("| %s | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f |\n", r.job, ma, mb, ratio, ca, cb, cratio)
 	}
 }
 
@@ -179,6 +284,8 @@ func main() {
 	knfsd := flag.Bool("knfsd", false, "also compare proto=tcp with proto=rdma against knfsd in the qemu guest")
 	size := flag.Int("size", 1024, "file size in MiB (ganesha); knfsd's tmpfs export takes at most 128")
 	rounds := flag.Int("rounds", 1, "repetitions of each pair (the median is printed)")
+	ganesha := flag.Bool("ganesha", true, "measure rdmafs on ganesha against the go-fuse loopback (false: only -knfsd)")
+	knfsdNet := flag.String("knfsd-net", "user", "the knfsd guest's network, test/kpeer KPEER_NET: user (qemu slirp, 1500-byte frames) or passt (65520-byte frames)")
 	rpcs := flag.Bool("rpcs", false, "instead of fio: count the COMPOUNDs per entry of tar x, ls -l and rm -rf against ganesha")
 	flag.Parse()
 	log.SetFlags(0)
@@ -189,69 +296,107 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
 	defer testpeer.StopAll()
 
-	g, err := testpeer.StartGanesha(ctx)
-	if err != nil {
-		log.Fatalf("benchmount: start ganesha: %v", err)
-	}
-	port := g.Addr[strings.LastIndexByte(g.Addr, ':')+1:]
-	if *rpcs {
-		steps, err := measureRPCs(abs, "127.0.0.1:"+g.Export, g.Dir, "port="+port)
-		if err != nil {
+	if *ganesha || *rpcs {
+		if err := benchGanesha(abs, *size, *rounds, *rpcs); err != nil {
 			log.Fatalf("benchmount: %v", err)
 		}
-		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine), each workload on a fresh mount", steps)
+	}
+	if !*knfsd || *rpcs {
 		return
+	}
+	if err := benchKnfsd(abs, *knfsdNet, *size, *rounds); err != nil {
+		log.Fatalf("benchmount: %v", err)
+	}
+}
+
+// benchGanesha compares rdmafs on ganesha with the go-fuse loopback of
+// the same directory, or with rpcs counts COMPOUNDs per entry.
+func benchGanesha(abs string, size, rounds int, rpcs bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	g, err := testpeer.StartGanesha(ctx)
+	if err != nil {
+		return fmt.Errorf("start ganesha: %w", err)
+	}
+	defer g.Stop()
+	port := g.Addr[strings.LastIndexByte(g.Addr, ':')+1:]
+	if rpcs {
+		steps, err := measureRPCs(abs, "127.0.0.1:"+g.Export, g.Dir, "port="+port)
+		if err != nil {
+			return err
+		}
+		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine), each workload on a fresh mount", steps)
+		return nil
 	}
 	nfsDir, umountNFS, err := mountRdmafs(abs, "127.0.0.1:"+g.Export, "port="+port)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	defer umountNFS()
 	loopDir, umountLoop, err := mountLoopback(g.Dir)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	defer umountLoop()
-	rows, err := compare(nfsDir, loopDir, *size, *rounds)
+	nfsPID, err := servingPID(abs, nfsDir)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
-	printTable(fmt.Sprintf("rdmafs (proto=tcp, ganesha on this machine) vs go-fuse loopback of the same directory, %d MiB, median of %d", *size, *rounds),
+	rows, err := compare(side{nfsDir, nfsPID}, side{loopDir, os.Getpid()}, size, rounds)
+	if err != nil {
+		return err
+	}
+	printTable(fmt.Sprintf("rdmafs (proto=tcp, ganesha on this machine) vs go-fuse loopback of the same directory, %d MiB, median of %d", size, rounds),
 		"rdmafs", "loopback", rows)
+	return nil
+}
 
-	if !*knfsd {
-		return
+// benchKnfsd compares proto=rdma with proto=tcp against knfsd in the
+// qemu guest, whose network is net (test/kpeer KPEER_NET).
+func benchKnfsd(abs, net string, size, rounds int) error {
+	if net != "user" && net != "passt" {
+		return fmt.Errorf("-knfsd-net %s: want user or passt", net)
 	}
-	k, err := testpeer.StartKnfsd(ctx, testpeer.KnfsdOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	k, err := testpeer.StartKnfsd(ctx, testpeer.KnfsdOptions{Env: []string{"KPEER_NET=" + net}})
 	if err != nil {
-		log.Fatalf("benchmount: start knfsd: %v", err)
+		return fmt.Errorf("start knfsd: %w", err)
 	}
+	defer k.Stop()
 	tcpPort := k.TCPAddr[strings.LastIndexByte(k.TCPAddr, ':')+1:]
 	rdmaPort := k.RDMAAddr[strings.LastIndexByte(k.RDMAAddr, ':')+1:]
 	tcpDir, umountTCP, err := mountRdmafs(abs, "127.0.0.1:/", "port="+tcpPort)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	defer umountTCP()
 	rdmaDir, umountRDMA, err := mountRdmafs(abs, "127.0.0.1:/", "proto=rdma", "port="+rdmaPort)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
 	defer umountRDMA()
 	// Both mounts see the same tmpfs export: separate directories.
 	for _, d := range []string{filepath.Join(tcpDir, "bench-tcp"), filepath.Join(rdmaDir, "bench-rdma")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			log.Fatal(err)
+			return err
 		}
 	}
-	ksize := min(*size, 96)
-	rows, err = compare(filepath.Join(rdmaDir, "bench-rdma"), filepath.Join(tcpDir, "bench-tcp"), ksize, *rounds)
+	tcpPID, err := servingPID(abs, tcpDir)
 	if err != nil {
-		log.Fatalf("benchmount: %v", err)
+		return err
 	}
-	printTable(fmt.Sprintf("knfsd in the qemu guest: proto=rdma vs proto=tcp, %d MiB, median of %d", ksize, *rounds), "rdma", "tcp", rows)
+	rdmaPID, err := servingPID(abs, rdmaDir)
+	if err != nil {
+		return err
+	}
+	ksize := min(size, 96)
+	rows, err := compare(side{filepath.Join(rdmaDir, "bench-rdma"), rdmaPID}, side{filepath.Join(tcpDir, "bench-tcp"), tcpPID}, ksize, rounds)
+	if err != nil {
+		return err
+	}
+	printTable(fmt.Sprintf("knfsd in the qemu guest (network %s): proto=rdma vs proto=tcp, %d MiB, median of %d", net, ksize, rounds), "rdma", "tcp", rows)
+	return nil
 }

@@ -37,6 +37,15 @@
 #                              librdmacm, the rxe/siw provider libraries, /etc/libibverbs.d
 #   KPEER_WATCH_PID=PID        kill the qemu when process PID exits (used by the Go
 #                              harness so a killed test binary leaves no qemu behind)
+#   KPEER_NET=user|passt       the guest's network (default user): user is qemu's
+#                              built-in slirp (1500-byte frames, 1460-byte TCP segments);
+#                              passt is the passt daemon (Debian package passt, no root
+#                              network setup, loopback-only forwards) with 65520-byte
+#                              frames: siw's FPDUs are bounded by the work request
+#                              (~20 KiB for knfsd's RDMA Writes) instead of 1456 bytes;
+#                              see README "slirp or passt" for what that does and does not change
+#   KPEER_PCAP=FILE            record the guest's Ethernet frames (both directions) to
+#                              FILE, a pcap (qemu filter-dump); tools/mpastat.py reads it
 set -euo pipefail
 T0=$(date +%s.%N)
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -56,6 +65,8 @@ TIMEOUT=${KPEER_TIMEOUT:-300}
 KVM_PROBE=${KPEER_KVM_PROBE:-20}
 SIW_PARAMS=${KPEER_SIW_PARAMS:-1}
 REBUILD=${KPEER_REBUILD:-0}
+NET=${KPEER_NET:-user}
+case "$NET" in user|passt) ;; *) echo "kpeer: KPEER_NET=$NET: want user or passt" >&2; exit 1 ;; esac
 LOG=$R/serial.log
 PIDF=$R/qemu.pid
 # Bump when the layout of the build cache changes (forces a rebuild).
@@ -84,11 +95,13 @@ if ! flock -n 9; then
 fi
 
 HOSTPKGS="qemu-system-x86 busybox-static python3 binutils gcc make xz-utils zstd"
+[ "$NET" = passt ] && HOSTPKGS="$HOSTPKGS passt"
 # Fast path: cache built for the recorded kernel and the boot tools present.
 CACHED=0
 if [ "$REBUILD" != 1 ] && [ -z "${KPEER_KVER:-}" ] && [ -s "$BASE/kver" ] \
   && [ -e "$BASE/$(cat "$BASE/kver")/.built-$(cat "$BASE/kver")-siwparams$SIW_PARAMS-rev$CACHE_REV" ] \
-  && command -v qemu-system-x86_64 busybox >/dev/null; then
+  && command -v qemu-system-x86_64 busybox >/dev/null \
+  && { [ "$NET" != passt ] || command -v passt >/dev/null; }; then
   CACHED=1
   KVER=$(cat "$BASE/kver")
 fi
@@ -276,6 +289,36 @@ exec 9>&-   # release the build lock; qemu must not inherit it
 
 # ---------------------------------------------------------------- 3. boot
 APPEND="console=ttyS0 panic=-1 rdinit=/init ${KPEER_APPEND:-}"
+# passt carries frames up to 65520 bytes (its default MTU); the guest's
+# eth0 takes that MTU, so TCP's MSS grows ~45x and siw's FPDUs (sized to
+# the MSS) are bounded by the work request instead.
+[ "$NET" = passt ] && APPEND="$APPEND kpeer.mtu=65520"
+PASSTPID=$R/passt.pid
+stop_passt() {
+  local pid
+  pid=$(cat "$PASSTPID" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q passt "/proc/$pid/cmdline" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+  fi
+  rm -f "$PASSTPID"
+}
+start_passt() { # passt for one qemu (-1: it exits when qemu closes the socket)
+  stop_passt
+  rm -f "$R/passt.sock"
+  # In the foreground (-f) so that $! is its PID. --runas keeps our own
+  # user: as root passt would switch to nobody, who cannot reach the run dir.
+  setsid passt -f -q -1 -4 --runas "$(id -u):$(id -g)" -s "$R/passt.sock" \
+    -a 10.0.2.15 -n 24 -g 10.0.2.2 -m 65520 --no-dhcp-dns --no-dhcp-search \
+    -t "127.0.0.1/$TCP_PORT:2049" -t "127.0.0.1/$RDMA_PORT:20049" -t "127.0.0.1/$SHELL_PORT:22" \
+    </dev/null >"$R/passt.log" 2>&1 &
+  echo $! > "$PASSTPID"
+  for _ in $(seq 50); do
+    [ -S "$R/passt.sock" ] && return 0
+    kill -0 "$(cat "$PASSTPID")" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "kpeer: passt did not start:" >&2; grep -v syslog "$R/passt.log" >&2; stop_passt; return 1
+}
 stop_qemu() {
   local pid
   pid=$(cat "$PIDF" 2>/dev/null || true)
@@ -285,6 +328,7 @@ stop_qemu() {
     if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
   fi
   rm -f "$PIDF"
+  stop_passt
 }
 ok=0
 cleanup() { [ "$ok" = 1 ] || stop_qemu; }
@@ -301,13 +345,21 @@ watch() { # kill qemu $1 once process $KPEER_WATCH_PID is gone
 boot() { # $1 = kvm|tcg
   local acc=$1 cpu
   if [ "$acc" = kvm ]; then cpu=${KPEER_KVM_CPU:-host}; else cpu=max; fi
+  local dump=() net
+  if [ "$NET" = passt ]; then
+    start_passt || return 1
+    net="stream,id=n0,server=off,addr.type=unix,addr.path=$R/passt.sock"
+  else
+    net="user,id=n0,hostfwd=tcp:127.0.0.1:$TCP_PORT-:2049,hostfwd=tcp:127.0.0.1:$RDMA_PORT-:20049,hostfwd=tcp:127.0.0.1:$SHELL_PORT-:22"
+  fi
+  if [ -n "${KPEER_PCAP:-}" ]; then dump=(-object "filter-dump,id=d0,netdev=n0,file=$KPEER_PCAP"); fi
   rm -f "$LOG" "$PIDF"
   qemu-system-x86_64 -name kpeer -machine q35 -accel "$acc" -cpu "$cpu" -m "$MEM" -smp "$SMP" \
     -kernel "$R/vmlinuz" -initrd "$R/initrd.cpio" -append "$APPEND" \
-    -netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$TCP_PORT-:2049,hostfwd=tcp:127.0.0.1:$RDMA_PORT-:20049,hostfwd=tcp:127.0.0.1:$SHELL_PORT-:22" \
-    -device virtio-net-pci,netdev=n0 \
+    -netdev "$net" \
+    -device virtio-net-pci,netdev=n0 "${dump[@]}" \
     -display none -monitor none -serial "file:$LOG" -no-reboot \
-    -daemonize -pidfile "$PIDF" >"$R/qemu.out" 2>&1 || { cat "$R/qemu.out" >&2; rm -f "$PIDF"; return 1; }
+    -daemonize -pidfile "$PIDF" >"$R/qemu.out" 2>&1 || { cat "$R/qemu.out" >&2; rm -f "$PIDF"; stop_passt; return 1; }
   echo "$acc" > "$R/accel"
   watch "$(cat "$PIDF")"
 }

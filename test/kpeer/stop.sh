@@ -19,3 +19,11 @@ else
   echo "kpeer: pid $PID is not a running qemu; nothing to stop"
 fi
 rm -f "$PIDF"
+# KPEER_NET=passt: passt -1 exits when qemu closes its socket; stop it if not.
+PPID_F=$R/passt.pid
+if [ -s "$PPID_F" ]; then
+  P=$(cat "$PPID_F")
+  for _ in $(seq 20); do kill -0 "$P" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$P" 2>/dev/null && grep -q passt "/proc/$P/cmdline" 2>/dev/null; then kill "$P" 2>/dev/null || true; fi
+  rm -f "$PPID_F"
+fi
