@@ -148,6 +148,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.errno("OPEN", err)
 	}
+	n.dirChanged(name, true, &of.Dir)
 	if flags&syscall.O_TRUNC != 0 && !of.Created && of.Attr.Size != 0 && access != nfsclient.ShareAccessRead {
 		if errno := n.truncate(ctx, cred, of); errno != 0 {
 			n.fsys.c.CloseFile(ctx, cred, of)

@@ -26,7 +26,11 @@ type node struct {
 	mu        sync.Mutex
 	attr      nfsclient.Attr
 	attrSet   bool
+	attrTime  time.Time // when attr was read from the server
 	acTimeout time.Duration
+	// known is a directory's listing, when the client knows it
+	// (dircache.go).
+	known *listing
 	// openChange is the change attribute when the kernel's page cache
 	// was last known to match the server (close-to-open, RFC 8881
 	// s10.3.1 as the Linux client does it).
@@ -118,6 +122,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 		return nil, errno
 	}
 	n.fsys.Stats.Lookups.Add(1)
+	if n.knownAbsent(name) {
+		n.fsys.Stats.LookupsAnswered.Add(1)
+		if n.fsys.tr.On(trace.FUSE) {
+			n.fsys.trace("LOOKUP dir=%d name=%q -> absent from the known listing", n.StableAttr().Ino, name)
+		}
+		return nil, syscall.ENOENT
+	}
 	fh, a, err := n.fsys.c.Lookup(ctx, n.fsys.cred(ctx), n.handle(), name)
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
@@ -132,8 +143,15 @@ func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 }
 
 // Getattr sends GETATTR: the kernel asks only when its cached attributes
-// have expired. Buffered writes go out first so size and mtime are right.
+// have expired, or after it changed the object. Buffered writes go out
+// first so size and mtime are right. A directory whose attributes came
+// back fresh from the change itself is answered from them (dircache.go).
 func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
+	if n.cachedDirAttr() {
+		n.fsys.Stats.GetattrsAnswered.Add(1)
+		n.attrOut(out)
+		return 0
+	}
 	if errno := n.flushWriters(ctx); errno != 0 {
 		return errno
 	}
@@ -281,11 +299,16 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 		return nil, errno
 	}
 	ctx = uninterrupted(ctx)
-	fh, a, err := n.fsys.c.Mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
+	m, err := n.fsys.c.Mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
 	if err != nil {
 		return nil, n.errno("MKDIR", err)
 	}
-	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+	n.dirChanged(name, true, &m.Dir)
+	ino := n.fsys.child(ctx, n, name, m.FH, &m.Attr, out)
+	if cn, ok := ino.Operations().(*node); ok {
+		cn.knowEmpty(&m)
+	}
+	return ino, 0
 }
 
 // Mknod creates fifos, sockets and devices with CREATE, regular files
@@ -312,6 +335,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 		if err != nil {
 			return nil, n.errno("OPEN", err)
 		}
+		n.dirChanged(name, true, &of.Dir)
 		if err := n.fsys.c.CloseFile(ctx, cred, of); err != nil {
 			return nil, n.errno("CLOSE", err)
 		}
@@ -319,11 +343,12 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	default:
 		return nil, syscall.EINVAL
 	}
-	fh, a, err := n.fsys.c.Mknod(ctx, cred, n.handle(), name, typ, unix.Major(uint64(dev)), unix.Minor(uint64(dev)), sattrFromMode(mode))
+	m, err := n.fsys.c.Mknod(ctx, cred, n.handle(), name, typ, unix.Major(uint64(dev)), unix.Minor(uint64(dev)), sattrFromMode(mode))
 	if err != nil {
 		return nil, n.errno("MKNOD", err)
 	}
-	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+	n.dirChanged(name, true, &m.Dir)
+	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
 // Symlink sends CREATE of an NF4LNK.
@@ -335,11 +360,12 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.Ent
 		return nil, errno
 	}
 	ctx = uninterrupted(ctx)
-	fh, a, err := n.fsys.c.Symlink(ctx, n.fsys.cred(ctx), n.handle(), name, target, nil)
+	m, err := n.fsys.c.Symlink(ctx, n.fsys.cred(ctx), n.handle(), name, target, nil)
 	if err != nil {
 		return nil, n.errno("SYMLINK", err)
 	}
-	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+	n.dirChanged(name, true, &m.Dir)
+	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
 // Link sends LINK and returns the target's inode with its new link count.
@@ -352,10 +378,11 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, syscall.EXDEV
 	}
-	a, err := n.fsys.c.Link(ctx, n.fsys.cred(ctx), t.handle(), n.handle(), name)
+	a, dc, err := n.fsys.c.Link(ctx, n.fsys.cred(ctx), t.handle(), n.handle(), name)
 	if err != nil {
 		return nil, n.errno("LINK", err)
 	}
+	n.dirChanged(name, true, &dc)
 	return n.fsys.child(ctx, n, name, t.handle(), &a, out), 0
 }
 
@@ -366,9 +393,11 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	ctx = uninterrupted(ctx)
-	if err := n.fsys.c.Remove(ctx, n.fsys.cred(ctx), n.handle(), name); err != nil {
+	dc, err := n.fsys.c.Remove(ctx, n.fsys.cred(ctx), n.handle(), name)
+	if err != nil {
 		return n.errno("REMOVE", err)
 	}
+	n.dirChanged(name, false, &dc)
 	return 0
 }
 
@@ -403,8 +432,25 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	default:
 		return syscall.EINVAL
 	}
-	if err := n.fsys.c.Rename(ctx, cred, n.handle(), name, np.handle(), newName); err != nil {
+	src, dst, err := n.fsys.c.Rename(ctx, cred, n.handle(), name, np.handle(), newName)
+	if err != nil {
 		return n.errno("RENAME", err)
 	}
+	// A directory moved to another parent has a new ".." (and ctime):
+	// its cached attributes are stale.
+	if ch := n.GetChild(name); ch != nil {
+		if moved, ok := ch.Operations().(*node); ok {
+			moved.invalidateAttr()
+		}
+	}
+	if np == n {
+		// One change_info4 pair for the one directory: RFC 8881
+		// s18.26.4 reports source and target separately even then, so
+		// only the target's (the later) is a step from a known state.
+		n.dirChanged(name, false, &nfsclient.DirChange{Attr: dst.Attr, AttrOK: dst.AttrOK})
+		return 0
+	}
+	n.dirChanged(name, false, &src)
+	np.dirChanged(newName, true, &dst)
 	return 0
 }

@@ -1,0 +1,120 @@
+package fuse
+
+import (
+	"syscall"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfsclient"
+)
+
+// maxKnownNames bounds the names a directory's listing knowledge holds;
+// a directory that grows past it is looked up on the server again.
+const maxKnownNames = 4096
+
+// listing is what the client knows of a directory's entries: at change
+// attribute change, the directory held exactly names. It comes from
+// Mkdir (the new directory was empty, see nfsclient.DirChange.Empty) and
+// is carried forward through the client's own changes of the directory
+// when their change_info4 is atomic and starts from change (RFC 8881
+// s3.3.12: before and after bracket exactly that operation); anything
+// else drops it.
+type listing struct {
+	change uint64
+	names  map[string]struct{}
+}
+
+// attrFresh reports whether n's attributes were read from the server no
+// longer ago than their cache timeout. Caller holds n.mu.
+func (n *node) attrFreshLocked(now time.Time) bool {
+	return n.attrSet && n.acTimeout > 0 && now.Sub(n.attrTime) < n.acTimeout
+}
+
+// invalidateAttr makes the next Getattr of n ask the server.
+func (n *node) invalidateAttr() {
+	n.mu.Lock()
+	n.attrTime = time.Time{}
+	n.mu.Unlock()
+}
+
+// cachedDirAttr reports whether a directory's Getattr can be answered
+// from its cached attributes. Like the Linux client's nfs_getattr, which
+// revalidates only when the attribute cache has expired or was marked
+// invalid: the kernel asks again right after any change of the
+// directory (fuse_dir_changed), but every change this client makes
+// refreshes the cache with the post-op attributes of the same COMPOUND
+// (dirChanged). Regular files keep asking: their size and times move
+// with WRITEs that carry no attributes.
+func (n *node) cachedDirAttr() bool {
+	if n.StableAttr().Mode != syscall.S_IFDIR {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.attrFreshLocked(time.Now())
+}
+
+// knownAbsent reports whether name is certainly not in directory n: the
+// listing of n is known at the change attribute n's fresh attributes
+// carry, and name is not in it. This is the Linux client's negative
+// dentry (nfs_neg_need_reval: a negative entry is trusted while the
+// parent's change attribute, revalidated when its attribute cache
+// expires, matches the one it was made under; nfs(5) lookupcache=all).
+func (n *node) knownAbsent(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := n.known
+	if l == nil || !n.attrFreshLocked(time.Now()) || n.attr.Change != l.change {
+		return false
+	}
+	_, ok := l.names[name]
+	return !ok
+}
+
+// dirChanged records what one of this client's operations did to
+// directory n: name was added (or removed, !added), dc is what the
+// COMPOUND reported. The post-op attributes refresh the cache; the
+// listing knowledge moves forward only if dc proves nothing else
+// happened to the directory in between.
+func (n *node) dirChanged(name string, added bool, dc *nfsclient.DirChange) {
+	if !dc.AttrOK {
+		n.mu.Lock()
+		n.known = nil
+		n.attrTime = time.Time{}
+		n.mu.Unlock()
+		return
+	}
+	n.mu.Lock()
+	if l := n.known; l != nil {
+		// The GETATTR after the operation must show exactly its after
+		// value: a different one means another change came between.
+		if dc.Atomic && dc.Before == l.change && dc.Attr.Change == dc.After && len(l.names) < maxKnownNames {
+			l.change = dc.After
+			if added {
+				l.names[name] = struct{}{}
+			} else {
+				delete(l.names, name)
+			}
+		} else {
+			if n.fsys.tr.On(trace.FUSE) {
+				n.fsys.trace("dir=%d listing dropped after %q: atomic=%v before=%d after=%d known=%d attr=%d", n.StableAttr().Ino, name, dc.Atomic, dc.Before, dc.After, l.change, dc.Attr.Change)
+			}
+			n.known = nil
+		}
+	}
+	n.mu.Unlock()
+	n.setAttr(&dc.Attr)
+}
+
+// knowEmpty records that directory n, just made, was empty at the
+// change attribute of its attributes.
+func (n *node) knowEmpty(m *nfsclient.Made) {
+	if !m.Dir.Empty {
+		return
+	}
+	n.mu.Lock()
+	if n.attr.Change == m.Attr.Change {
+		n.known = &listing{change: m.Attr.Change, names: map[string]struct{}{}}
+	}
+	n.mu.Unlock()
+}
