@@ -37,6 +37,16 @@ func (n *node) invalidateAttr() {
 	n.mu.Unlock()
 }
 
+// invalidateChild makes the next Getattr of the object the kernel knows
+// as name in n ask the server.
+func (n *node) invalidateChild(name string) {
+	if ch := n.GetChild(name); ch != nil {
+		if c, ok := ch.Operations().(*node); ok {
+			c.invalidateAttr()
+		}
+	}
+}
+
 // cachedDirAttr reports whether a directory's Getattr can be answered
 // from its cached attributes. Like the Linux client's nfs_getattr, which
 // revalidates only when the attribute cache has expired or was marked

@@ -397,6 +397,9 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if err != nil {
 		return n.errno("REMOVE", err)
 	}
+	// The removed object has one link less (Linux nfs_unlink and
+	// nfs_rmdir drop its nlink and revalidate).
+	n.invalidateChild(name)
 	n.dirChanged(name, false, &dc)
 	return 0
 }
@@ -436,13 +439,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if err != nil {
 		return n.errno("RENAME", err)
 	}
-	// A directory moved to another parent has a new ".." (and ctime):
-	// its cached attributes are stale.
-	if ch := n.GetChild(name); ch != nil {
-		if moved, ok := ch.Operations().(*node); ok {
-			moved.invalidateAttr()
-		}
-	}
+	// A directory moved to another parent has a new ".." (and ctime),
+	// a replaced target one link less: their cached attributes are
+	// stale (Linux nfs_rename: nfs_drop_nlink of the target).
+	n.invalidateChild(name)
+	np.invalidateChild(newName)
 	if np == n {
 		// One change_info4 pair for the one directory: RFC 8881
 		// s18.26.4 reports source and target separately even then, so

@@ -322,23 +322,45 @@ type WriteResult struct {
 	Count     uint32
 	Committed Stable
 	Verifier  Verifier
+	// Attr is the file's attributes after the WRITE (WriteGetAttr),
+	// when AttrOK.
+	Attr   Attr
+	AttrOK bool
 }
 
 // Write writes data at off with the given stability. data is sent
 // without copying (a Read chunk over RDMA).
 func (c *Client) Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable) (WriteResult, error) {
+	return c.write(ctx, cred, fh, sid, off, data, stable, false)
+}
+
+// WriteGetAttr is Write with the file's attributes after it folded into
+// the same COMPOUND (PUTFH, WRITE, GETATTR), as the Linux client's WRITE
+// asks for them (nfs4_xdr_enc_write) so no GETATTR has to follow.
+func (c *Client) WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable) (WriteResult, error) {
+	return c.write(ctx, cred, fh, sid, off, data, stable, true)
+}
+
+func (c *Client) write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable, getAttr bool) (WriteResult, error) {
 	var wr WriteResult
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.write(c.sid(cp, sid), off, stable, data) }),
-		func(r *results) (err error) {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			wr.Count, wr.Committed, wr.Verifier, err = r.decodeWrite()
-			if err == nil && int(wr.Count) > len(data) {
-				return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(data), wr.Count)
-			}
+	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
+		cp.write(c.sid(cp, sid), off, stable, data)
+		if getAttr {
+			cp.getAttr(fileAttrs)
+		}
+	}), func(r *results) (err error) {
+		if err := r.voidOp(opPutFH); err != nil {
 			return err
-		})
+		}
+		wr.Count, wr.Committed, wr.Verifier, err = r.decodeWrite()
+		if err == nil && int(wr.Count) > len(data) {
+			return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(data), wr.Count)
+		}
+		if err == nil && getAttr {
+			wr.AttrOK = r.decodePostOpAttr(&wr.Attr)
+		}
+		return err
+	})
 	return wr, err
 }
 

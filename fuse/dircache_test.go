@@ -1,0 +1,71 @@
+package fuse
+
+import (
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/nfsclient"
+)
+
+// newDirNode is a directory node made by Mkdir: attributes at change c,
+// and the server's word that it was empty then.
+func newDirNode(c uint64, acdir time.Duration) *node {
+	f := &FS{opts: Options{AcDirMin: acdir, AcDirMax: acdir}}
+	a := nfsclient.Attr{Type: nfsclient.TypeDir, Change: c, FileID: 7}
+	n := f.newNode([]byte{1}, &a)
+	n.knowEmpty(&nfsclient.Made{Attr: a, Dir: nfsclient.DirChange{Empty: true}})
+	return n
+}
+
+func post(atomic bool, before, after, attr uint64) *nfsclient.DirChange {
+	return &nfsclient.DirChange{Atomic: atomic, Before: before, After: after,
+		Attr: nfsclient.Attr{Type: nfsclient.TypeDir, Change: attr, FileID: 7}, AttrOK: true}
+}
+
+func TestListingKnowledge(t *testing.T) {
+	n := newDirNode(10, time.Hour)
+	if !n.knownAbsent("a") {
+		t.Fatal("a new empty directory: a is not known absent")
+	}
+	// Our own create, atomic and starting from the known change: the
+	// listing moves forward with the name in it.
+	n.dirChanged("a", true, post(true, 10, 11, 11))
+	if n.knownAbsent("a") || !n.knownAbsent("b") {
+		t.Fatalf("after creating a: a absent %v, b absent %v", n.knownAbsent("a"), n.knownAbsent("b"))
+	}
+	n.dirChanged("a", false, post(true, 11, 12, 12))
+	if !n.knownAbsent("a") {
+		t.Fatal("after removing a: a is not known absent")
+	}
+
+	for _, tc := range []struct {
+		name string
+		dc   *nfsclient.DirChange
+	}{
+		{"not atomic (ganesha)", post(false, 12, 13, 13)},
+		{"another change before ours", post(true, 99, 100, 100)},
+		{"another change after ours", post(true, 12, 13, 14)},
+		{"no post-op attributes", &nfsclient.DirChange{Atomic: true, Before: 12, After: 13}},
+	} {
+		n := newDirNode(12, time.Hour)
+		n.dirChanged("x", true, tc.dc)
+		if n.knownAbsent("b") {
+			t.Errorf("%s: the listing was kept", tc.name)
+		}
+	}
+
+	// Attributes from anywhere else that show another change attribute
+	// drop the listing.
+	n = newDirNode(20, time.Hour)
+	n.setAttr(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 21, FileID: 7})
+	if n.knownAbsent("b") {
+		t.Error("a GETATTR with a new change attribute kept the listing")
+	}
+
+	// Stale attributes answer nothing: with actimeo=0 the server is
+	// always asked.
+	n = newDirNode(30, 0)
+	if n.knownAbsent("b") {
+		t.Error("with no attribute caching, the listing answered")
+	}
+}
