@@ -4,6 +4,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fs"
+
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/nfsclient"
 )
@@ -11,6 +13,10 @@ import (
 // maxKnownNames bounds the names a directory's listing knowledge holds;
 // a directory that grows past it is looked up on the server again.
 const maxKnownNames = 4096
+
+// maxListedNames is the largest known listing a create reads again
+// when the server's change_info4 is not atomic (wantListing).
+const maxListedNames = 64
 
 // listing is what the client knows of a directory's entries: at change
 // attribute change, the directory held exactly names. It comes from
@@ -81,6 +87,35 @@ func (n *node) knownAbsent(name string) bool {
 	return !ok
 }
 
+// knownChildDir returns the kernel's inode for name in n when a LOOKUP
+// of it can be answered without the server: n's listing is fresh and
+// has name, and name is a directory node whose attributes are fresh.
+// The kernel looks a directory up again after a chmod of it
+// (fuse_setattr: "Directory mode changed, may need to revalidate
+// access"); the Linux client keeps such a dentry, valid while the
+// parent's change attribute is unchanged (nfs_lookup_revalidate).
+func (n *node) knownChildDir(name string) (*node, *fs.Inode) {
+	n.mu.Lock()
+	l := n.known
+	ok := l != nil && n.attrFreshLocked(time.Now()) && n.attr.Change == l.change
+	if ok {
+		_, ok = l.names[name]
+	}
+	n.mu.Unlock()
+	if !ok {
+		return nil, nil
+	}
+	ch := n.GetChild(name)
+	if ch == nil || ch.StableAttr().Mode != syscall.S_IFDIR {
+		return nil, nil
+	}
+	cn, isNode := ch.Operations().(*node)
+	if !isNode || !cn.cachedDirAttr() {
+		return nil, nil
+	}
+	return cn, ch
+}
+
 // dirChanged records what one of this client's operations did to
 // directory n: name was added (or removed, !added), dc is what the
 // COMPOUND reported. The post-op attributes refresh the cache; the
@@ -94,8 +129,15 @@ func (n *node) dirChanged(name string, added bool, dc *nfsclient.DirChange) {
 		n.mu.Unlock()
 		return
 	}
+	if !dc.Atomic {
+		n.fsys.cinfoNotAtomic.Store(true)
+	}
 	n.mu.Lock()
-	if l := n.known; l != nil {
+	if dc.Listed {
+		// Read after the GETATTR that gave dc.Attr, in the same
+		// COMPOUND: the listing at that change attribute.
+		n.known = newListing(dc.Attr.Change, dc.Names)
+	} else if l := n.known; l != nil {
 		// The GETATTR after the operation must show exactly its after
 		// value: a different one means another change came between.
 		if dc.Atomic && dc.Before == l.change && dc.Attr.Change == dc.After && len(l.names) < maxKnownNames {
@@ -114,6 +156,47 @@ func (n *node) dirChanged(name string, added bool, dc *nfsclient.DirChange) {
 	}
 	n.mu.Unlock()
 	n.setAttr(&dc.Attr)
+}
+
+func newListing(change uint64, names []string) *listing {
+	l := &listing{change: change, names: make(map[string]struct{}, len(names))}
+	for _, nm := range names {
+		l.names[nm] = struct{}{}
+	}
+	return l
+}
+
+// smallListing reports whether n's listing is known and small enough
+// to read back in a COMPOUND that changes n.
+func (n *node) smallListing() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.known != nil && len(n.known.names) < maxListedNames
+}
+
+// setAttrListed records attributes a of directory n from a COMPOUND
+// that read n after them (nfsclient.SetAttrListed).
+func (n *node) setAttrListed(a *nfsclient.Attr, names []string, listed bool) {
+	n.setAttr(a)
+	if !listed {
+		return
+	}
+	n.mu.Lock()
+	if n.attr.Change == a.Change {
+		n.known = newListing(a.Change, names)
+	}
+	n.mu.Unlock()
+}
+
+// wantListing reports whether a create in directory n should read the
+// directory back in its COMPOUND (nfsclient.OpenArgs.ListDir). Only
+// when the server's change_info4 is not atomic, so the create alone
+// cannot carry n's listing forward (dirChanged), and only for a small
+// directory whose listing is known: that keeps the LOOKUP the kernel
+// sends before each create answerable without a round trip, at the
+// cost of a few hundred bytes per create in the reply.
+func (n *node) wantListing() bool {
+	return n.fsys.cinfoNotAtomic.Load() && n.smallListing()
 }
 
 // knowEmpty records that directory n, just made, was empty at the

@@ -54,6 +54,24 @@ func TestListingKnowledge(t *testing.T) {
 		}
 	}
 
+	// A listing read back in the COMPOUND, after its GETATTR, replaces
+	// the knowledge whatever change_info4 says.
+	n = newDirNode(40, time.Hour)
+	dc := post(false, 40, 41, 41)
+	dc.Listed, dc.Names = true, []string{"a", "x"}
+	n.dirChanged("x", true, dc)
+	if n.knownAbsent("a") || n.knownAbsent("x") || !n.knownAbsent("b") {
+		t.Error("a listed create: the listing is not the one read")
+	}
+	n.setAttrListed(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 42, FileID: 7}, []string{"a"}, true)
+	if !n.knownAbsent("x") || n.knownAbsent("a") {
+		t.Error("a listed SETATTR: the listing is not the one read")
+	}
+	n.setAttrListed(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 43, FileID: 7}, nil, false)
+	if n.knownAbsent("x") {
+		t.Error("a SETATTR not listed kept the listing")
+	}
+
 	// Attributes from anywhere else that show another change attribute
 	// drop the listing.
 	n = newDirNode(20, time.Hour)

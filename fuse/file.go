@@ -147,7 +147,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		how = nfsclient.Guarded
 	}
 	of, err := n.fsys.c.Open(ctx, cred, n.handle(), name, nfsclient.OpenArgs{
-		Access: access, Deny: nfsclient.ShareDenyNone, Create: how, Attr: sattrFromMode(mode)})
+		Access: access, Deny: nfsclient.ShareDenyNone, Create: how, Attr: sattrFromMode(mode),
+		ListDir: n.wantListing()})
 	if err != nil {
 		return nil, nil, 0, n.errno("OPEN", err)
 	}

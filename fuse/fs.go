@@ -133,6 +133,9 @@ type FS struct {
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
+	// cinfoNotAtomic is set once the server sent a change_info4 that
+	// is not atomic (dircache.go).
+	cinfoNotAtomic atomic.Bool
 
 	// Stats are the FUSE layer's counters.
 	Stats Counters

@@ -129,6 +129,14 @@ func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 		}
 		return nil, syscall.ENOENT
 	}
+	if cn, ino := n.knownChildDir(name); ino != nil {
+		n.fsys.Stats.LookupsAnswered.Add(1)
+		cn.entryOut(out)
+		if n.fsys.tr.On(trace.FUSE) {
+			n.fsys.trace("LOOKUP dir=%d name=%q -> ino=%d from the known listing", n.StableAttr().Ino, name, ino.StableAttr().Ino)
+		}
+		return ino, 0
+	}
 	fh, a, err := n.fsys.c.Lookup(ctx, n.fsys.cred(ctx), n.handle(), name)
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
@@ -211,16 +219,23 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttr
 	}
 	cred := n.fsys.cred(ctx)
 	var a nfsclient.Attr
+	var names []string
+	var listed bool
 	var err error
-	if sa.Empty() {
+	switch {
+	case sa.Empty():
 		a, err = n.fsys.c.GetAttr(ctx, cred, n.handle())
-	} else {
+	case n.StableAttr().Mode == syscall.S_IFDIR && n.smallListing():
+		// SETATTR carries no change_info4: the directory's listing
+		// survives only if read back in the same COMPOUND.
+		a, names, listed, err = n.fsys.c.SetAttrListed(ctx, cred, n.handle(), &sa)
+	default:
 		a, err = n.fsys.c.SetAttr(ctx, cred, n.handle(), sid, &sa)
 	}
 	if err != nil {
 		return n.errno("SETATTR", err)
 	}
-	n.setAttr(&a)
+	n.setAttrListed(&a, names, listed)
 	if sa.Size != nil {
 		n.mu.Lock()
 		n.openChange = a.Change // our own truncate keeps the cache valid
@@ -299,7 +314,11 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 		return nil, errno
 	}
 	ctx = uninterrupted(ctx)
-	m, err := n.fsys.c.Mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
+	mkdir := n.fsys.c.Mkdir
+	if n.wantListing() {
+		mkdir = n.fsys.c.MkdirListed
+	}
+	m, err := mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
 	if err != nil {
 		return nil, n.errno("MKDIR", err)
 	}

@@ -17,6 +17,12 @@ type DirChange struct {
 	// COMPOUND found nothing; anything created before the GETATTR would
 	// have shown, anything after it changes the change attribute).
 	Empty bool
+	// Listed is set when the directory was read (OpenArgs.ListDir)
+	// after its attributes in the same COMPOUND and the whole of it
+	// came back: Names is its listing at Attr.Change (anything made
+	// after the GETATTR changes the change attribute).
+	Listed bool
+	Names  []string
 }
 
 func (dc *DirChange) setInfo(ci changeInfo) {
@@ -43,6 +49,26 @@ func (r *results) decodeEmptyDir() bool {
 	ents, _, eof, err := r.decodeReadDir(nil)
 	return err == nil && eof && len(ents) == 0
 }
+
+// decodeListing decodes the READDIR an OPEN with ListDir appends.
+func (r *results) decodeListing(dc *DirChange) {
+	if r.d.Err() != nil {
+		return
+	}
+	ents, _, eof, err := r.decodeReadDir(nil)
+	if err != nil || !eof {
+		return
+	}
+	dc.Names = make([]string, len(ents))
+	for i, e := range ents {
+		dc.Names[i] = e.Name
+	}
+	dc.Listed = true
+}
+
+// listingProbe bounds the READDIR of OpenArgs.ListDir: names only, one
+// reply of a few KiB (about a hundred short names).
+const listingProbe = 4096
 
 // emptyDirProbe is the READDIR Mkdir appends: no attributes per entry,
 // room for a few names (RFC 8881 s18.23.3: dircount and maxcount are
