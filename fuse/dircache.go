@@ -116,13 +116,51 @@ func (n *node) knownChildDir(name string) (*node, *fs.Inode) {
 	return cn, ch
 }
 
+// change is one COMPOUND of this client that changes directory n, from
+// beginChange to its end.
+type change struct {
+	seq   uint64
+	alone bool // no other change of n was in flight when it began
+}
+
+// beginChange notes a COMPOUND that changes directory n (or n itself)
+// going out; endChange, deferred, notes its end.
+func (n *node) beginChange() change {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.changing++
+	n.changeSeq++
+	return change{seq: n.changeSeq, alone: n.changing == 1}
+}
+
+func (n *node) endChange() {
+	n.mu.Lock()
+	n.changing--
+	n.mu.Unlock()
+}
+
+// aloneLocked reports whether ch overlapped no other change of n: its
+// results are then the newest, and may carry knowledge forward.
+// Results of overlapping COMPOUNDs can arrive in any order.
+func (n *node) aloneLocked(ch change) bool {
+	return ch.alone && n.changeSeq == ch.seq
+}
+
 // dirChanged records what one of this client's operations did to
 // directory n: name was added (or removed, !added), dc is what the
-// COMPOUND reported. The post-op attributes refresh the cache; the
+// COMPOUND ch reported. The post-op attributes refresh the cache; the
 // listing knowledge moves forward only if dc proves nothing else
 // happened to the directory in between.
-func (n *node) dirChanged(name string, added bool, dc *nfsclient.DirChange) {
-	if !dc.AttrOK {
+func (n *node) dirChanged(name string, added bool, dc *nfsclient.DirChange, ch change) {
+	n.mu.Lock()
+	alone := n.aloneLocked(ch)
+	n.mu.Unlock()
+	if !dc.AttrOK || !alone {
+		if dc.AttrOK {
+			n.setAttr(&dc.Attr)
+		}
+		// The attributes may be older than another change's: the
+		// next GETATTR asks the server.
 		n.mu.Lock()
 		n.known = nil
 		n.attrTime = time.Time{}
@@ -176,16 +214,18 @@ func (n *node) smallListing() bool {
 
 // setAttrListed records attributes a of directory n from a COMPOUND
 // that read n after them (nfsclient.SetAttrListed).
-func (n *node) setAttrListed(a *nfsclient.Attr, names []string, listed bool) {
+func (n *node) setAttrListed(a *nfsclient.Attr, names []string, listed bool, ch change) {
 	n.setAttr(a)
-	if !listed {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.aloneLocked(ch) {
+		n.known = nil
+		n.attrTime = time.Time{}
 		return
 	}
-	n.mu.Lock()
-	if n.attr.Change == a.Change {
+	if listed && n.attr.Change == a.Change {
 		n.known = newListing(a.Change, names)
 	}
-	n.mu.Unlock()
 }
 
 // wantListing reports whether a create in directory n should read the

@@ -17,6 +17,13 @@ func newDirNode(c uint64, acdir time.Duration) *node {
 	return n
 }
 
+// solo is a change of n that overlapped no other.
+func solo(n *node) change {
+	ch := n.beginChange()
+	n.endChange()
+	return ch
+}
+
 func post(atomic bool, before, after, attr uint64) *nfsclient.DirChange {
 	return &nfsclient.DirChange{Atomic: atomic, Before: before, After: after,
 		Attr: nfsclient.Attr{Type: nfsclient.TypeDir, Change: attr, FileID: 7}, AttrOK: true}
@@ -29,11 +36,11 @@ func TestListingKnowledge(t *testing.T) {
 	}
 	// Our own create, atomic and starting from the known change: the
 	// listing moves forward with the name in it.
-	n.dirChanged("a", true, post(true, 10, 11, 11))
+	n.dirChanged("a", true, post(true, 10, 11, 11), solo(n))
 	if n.knownAbsent("a") || !n.knownAbsent("b") {
 		t.Fatalf("after creating a: a absent %v, b absent %v", n.knownAbsent("a"), n.knownAbsent("b"))
 	}
-	n.dirChanged("a", false, post(true, 11, 12, 12))
+	n.dirChanged("a", false, post(true, 11, 12, 12), solo(n))
 	if !n.knownAbsent("a") {
 		t.Fatal("after removing a: a is not known absent")
 	}
@@ -48,7 +55,7 @@ func TestListingKnowledge(t *testing.T) {
 		{"no post-op attributes", &nfsclient.DirChange{Atomic: true, Before: 12, After: 13}},
 	} {
 		n := newDirNode(12, time.Hour)
-		n.dirChanged("x", true, tc.dc)
+		n.dirChanged("x", true, tc.dc, solo(n))
 		if n.knownAbsent("b") {
 			t.Errorf("%s: the listing was kept", tc.name)
 		}
@@ -59,17 +66,33 @@ func TestListingKnowledge(t *testing.T) {
 	n = newDirNode(40, time.Hour)
 	dc := post(false, 40, 41, 41)
 	dc.Listed, dc.Names = true, []string{"a", "x"}
-	n.dirChanged("x", true, dc)
+	n.dirChanged("x", true, dc, solo(n))
 	if n.knownAbsent("a") || n.knownAbsent("x") || !n.knownAbsent("b") {
 		t.Error("a listed create: the listing is not the one read")
 	}
-	n.setAttrListed(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 42, FileID: 7}, []string{"a"}, true)
+	n.setAttrListed(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 42, FileID: 7}, []string{"a"}, true, solo(n))
 	if !n.knownAbsent("x") || n.knownAbsent("a") {
 		t.Error("a listed SETATTR: the listing is not the one read")
 	}
-	n.setAttrListed(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 43, FileID: 7}, nil, false)
+	n.setAttrListed(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 43, FileID: 7}, nil, false, solo(n))
 	if n.knownAbsent("x") {
 		t.Error("a SETATTR not listed kept the listing")
+	}
+
+	// Overlapping changes of one directory may report in any order:
+	// neither carries the listing forward.
+	n = newDirNode(50, time.Hour)
+	ch1, ch2 := n.beginChange(), n.beginChange()
+	newer := post(false, 51, 52, 52)
+	newer.Listed, newer.Names = true, []string{"x", "y"}
+	older := post(false, 50, 51, 51)
+	older.Listed, older.Names = true, []string{"x"}
+	n.dirChanged("y", true, newer, ch2)
+	n.dirChanged("x", true, older, ch1) // arrives last
+	n.endChange()
+	n.endChange()
+	if n.knownAbsent("y") || n.knownAbsent("b") {
+		t.Error("overlapping creates: the older listing answered")
 	}
 
 	// Attributes from anywhere else that show another change attribute

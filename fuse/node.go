@@ -29,8 +29,11 @@ type node struct {
 	attrTime  time.Time // when attr was read from the server
 	acTimeout time.Duration
 	// known is a directory's listing, when the client knows it
-	// (dircache.go).
-	known *listing
+	// (dircache.go); changing and changeSeq tell whether the COMPOUNDs
+	// that change the directory overlapped.
+	known     *listing
+	changing  int
+	changeSeq uint64
 	// openChange is the change attribute when the kernel's page cache
 	// was last known to match the server (close-to-open, RFC 8881
 	// s10.3.1 as the Linux client does it).
@@ -218,6 +221,8 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttr
 		sid = h.of.StateID
 	}
 	cred := n.fsys.cred(ctx)
+	ch := n.beginChange()
+	defer n.endChange()
 	var a nfsclient.Attr
 	var names []string
 	var listed bool
@@ -235,7 +240,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttr
 	if err != nil {
 		return n.errno("SETATTR", err)
 	}
-	n.setAttrListed(&a, names, listed)
+	n.setAttrListed(&a, names, listed, ch)
 	if sa.Size != nil {
 		n.mu.Lock()
 		n.openChange = a.Change // our own truncate keeps the cache valid
@@ -314,6 +319,8 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 		return nil, errno
 	}
 	ctx = uninterrupted(ctx)
+	ch := n.beginChange()
+	defer n.endChange()
 	mkdir := n.fsys.c.Mkdir
 	if n.wantListing() {
 		mkdir = n.fsys.c.MkdirListed
@@ -322,7 +329,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 	if err != nil {
 		return nil, n.errno("MKDIR", err)
 	}
-	n.dirChanged(name, true, &m.Dir)
+	n.dirChanged(name, true, &m.Dir, ch)
 	ino := n.fsys.child(ctx, n, name, m.FH, &m.Attr, out)
 	if cn, ok := ino.Operations().(*node); ok {
 		cn.knowEmpty(&m)
@@ -338,6 +345,8 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	}
 	ctx = uninterrupted(ctx)
 	cred := n.fsys.cred(ctx)
+	ch := n.beginChange()
+	defer n.endChange()
 	var typ nfsclient.FileType
 	switch mode & syscall.S_IFMT {
 	case syscall.S_IFIFO:
@@ -354,7 +363,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 		if err != nil {
 			return nil, n.errno("OPEN", err)
 		}
-		n.dirChanged(name, true, &of.Dir)
+		n.dirChanged(name, true, &of.Dir, ch)
 		if err := n.fsys.c.CloseFile(ctx, cred, of); err != nil {
 			return nil, n.errno("CLOSE", err)
 		}
@@ -366,7 +375,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	if err != nil {
 		return nil, n.errno("MKNOD", err)
 	}
-	n.dirChanged(name, true, &m.Dir)
+	n.dirChanged(name, true, &m.Dir, ch)
 	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
@@ -379,11 +388,13 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.Ent
 		return nil, errno
 	}
 	ctx = uninterrupted(ctx)
+	ch := n.beginChange()
+	defer n.endChange()
 	m, err := n.fsys.c.Symlink(ctx, n.fsys.cred(ctx), n.handle(), name, target, nil)
 	if err != nil {
 		return nil, n.errno("SYMLINK", err)
 	}
-	n.dirChanged(name, true, &m.Dir)
+	n.dirChanged(name, true, &m.Dir, ch)
 	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
@@ -397,11 +408,13 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, syscall.EXDEV
 	}
+	ch := n.beginChange()
+	defer n.endChange()
 	a, dc, err := n.fsys.c.Link(ctx, n.fsys.cred(ctx), t.handle(), n.handle(), name)
 	if err != nil {
 		return nil, n.errno("LINK", err)
 	}
-	n.dirChanged(name, true, &dc)
+	n.dirChanged(name, true, &dc, ch)
 	return n.fsys.child(ctx, n, name, t.handle(), &a, out), 0
 }
 
@@ -412,6 +425,8 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	ctx = uninterrupted(ctx)
+	ch := n.beginChange()
+	defer n.endChange()
 	dc, err := n.fsys.c.Remove(ctx, n.fsys.cred(ctx), n.handle(), name)
 	if err != nil {
 		return n.errno("REMOVE", err)
@@ -419,7 +434,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	// The removed object has one link less (Linux nfs_unlink and
 	// nfs_rmdir drop its nlink and revalidate).
 	n.invalidateChild(name)
-	n.dirChanged(name, false, &dc)
+	n.dirChanged(name, false, &dc, ch)
 	return 0
 }
 
@@ -454,6 +469,13 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	default:
 		return syscall.EINVAL
 	}
+	ch := n.beginChange()
+	defer n.endChange()
+	npch := ch
+	if np != n {
+		npch = np.beginChange()
+		defer np.endChange()
+	}
 	src, dst, err := n.fsys.c.Rename(ctx, cred, n.handle(), name, np.handle(), newName)
 	if err != nil {
 		return n.errno("RENAME", err)
@@ -467,10 +489,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		// One change_info4 pair for the one directory: RFC 8881
 		// s18.26.4 reports source and target separately even then, so
 		// only the target's (the later) is a step from a known state.
-		n.dirChanged(name, false, &nfsclient.DirChange{Attr: dst.Attr, AttrOK: dst.AttrOK})
+		n.dirChanged(name, false, &nfsclient.DirChange{Attr: dst.Attr, AttrOK: dst.AttrOK}, ch)
 		return 0
 	}
-	n.dirChanged(name, false, &src)
-	np.dirChanged(newName, true, &dst)
+	n.dirChanged(name, false, &src, ch)
+	np.dirChanged(newName, true, &dst, npch)
 	return 0
 }
