@@ -36,6 +36,15 @@ func (n *node) attrFreshLocked(now time.Time) bool {
 	return n.attrSet && n.acTimeout > 0 && now.Sub(n.attrTime) < n.acTimeout
 }
 
+// listingFreshLocked reports whether n's known listing may answer: it
+// is at n's current change attribute, seen no longer ago than both the
+// attribute timeout and ListingTTL. Caller holds n.mu.
+func (n *node) listingFreshLocked(now time.Time) bool {
+	l := n.known
+	return l != nil && n.attrFreshLocked(now) && now.Sub(n.attrTime) < n.fsys.opts.ListingTTL &&
+		n.attr.Change == l.change
+}
+
 // invalidateAttr makes the next Getattr of n ask the server.
 func (n *node) invalidateAttr() {
 	n.mu.Lock()
@@ -79,11 +88,10 @@ func (n *node) cachedDirAttr() bool {
 func (n *node) knownAbsent(name string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	l := n.known
-	if l == nil || !n.attrFreshLocked(time.Now()) || n.attr.Change != l.change {
+	if !n.listingFreshLocked(time.Now()) {
 		return false
 	}
-	_, ok := l.names[name]
+	_, ok := n.known.names[name]
 	return !ok
 }
 
@@ -96,10 +104,9 @@ func (n *node) knownAbsent(name string) bool {
 // parent's change attribute is unchanged (nfs_lookup_revalidate).
 func (n *node) knownChildDir(name string) (*node, *fs.Inode) {
 	n.mu.Lock()
-	l := n.known
-	ok := l != nil && n.attrFreshLocked(time.Now()) && n.attr.Change == l.change
+	ok := n.listingFreshLocked(time.Now())
 	if ok {
-		_, ok = l.names[name]
+		_, ok = n.known.names[name]
 	}
 	n.mu.Unlock()
 	if !ok {

@@ -10,7 +10,7 @@ import (
 // newDirNode is a directory node made by Mkdir: attributes at change c,
 // and the server's word that it was empty then.
 func newDirNode(c uint64, acdir time.Duration) *node {
-	f := &FS{opts: Options{AcDirMin: acdir, AcDirMax: acdir}}
+	f := &FS{opts: Options{AcDirMin: acdir, AcDirMax: acdir, ListingTTL: time.Second}}
 	a := nfsclient.Attr{Type: nfsclient.TypeDir, Change: c, FileID: 7}
 	n := f.newNode([]byte{1}, &a)
 	n.knowEmpty(&nfsclient.Made{Attr: a, Dir: nfsclient.DirChange{Empty: true}})
@@ -101,6 +101,16 @@ func TestListingKnowledge(t *testing.T) {
 	n.setAttr(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 21, FileID: 7})
 	if n.knownAbsent("b") {
 		t.Error("a GETATTR with a new change attribute kept the listing")
+	}
+
+	// A listing last confirmed longer ago than ListingTTL answers
+	// nothing, though the attributes are still fresh.
+	n = newDirNode(25, time.Hour)
+	n.mu.Lock()
+	n.attrTime = n.attrTime.Add(-2 * time.Second)
+	n.mu.Unlock()
+	if n.knownAbsent("b") {
+		t.Error("a listing older than ListingTTL answered")
 	}
 
 	// Stale attributes answer nothing: with actimeo=0 the server is

@@ -47,6 +47,14 @@ type Options struct {
 	AcRegMin, AcRegMax time.Duration
 	AcDirMin, AcDirMax time.Duration
 	NoAC               bool
+	// ListingTTL bounds how long after the client last saw a
+	// directory's change attribute the listing it knows of that
+	// directory (dircache.go) answers LOOKUPs without the server;
+	// zero means 1s. Another client's new entry can go unseen that
+	// long by a name never looked up before (Linux's negative dentries
+	// hide names looked up before for the directory's attribute
+	// timeout). It never exceeds the directory's attribute timeout.
+	ListingTTL time.Duration
 	// ReadOnly mounts read-only (ro).
 	ReadOnly bool
 	// AllowOther lets users other than the mounting one use the mount.
@@ -84,6 +92,7 @@ func (o *Options) setDefaults() {
 	if o.MaxIO <= 0 {
 		o.MaxIO = 1 << 20
 	}
+	def(&o.ListingTTL, time.Second)
 }
 
 // Counters are the FUSE layer's own statistics.

@@ -92,7 +92,10 @@ func tcpPeers(t *testing.T, f func(t *testing.T, p peer)) {
 //     of the directory between REMOVEs.
 func TestSmallFileRPCs(t *testing.T) {
 	tcpPeers(t, func(t *testing.T, p peer) {
-		mnt, m := mountPeer(t, p, fuse.Options{})
+		// A listing is trusted for ListingTTL after the directory was
+		// last seen: long enough here that a slow machine does not
+		// turn a create's LOOKUP into a round trip.
+		mnt, m := mountPeer(t, p, fuse.Options{ListingTTL: time.Hour})
 		top := freshDir(t, mnt)
 		data := bytes.Repeat([]byte("rdmafs small-file workload\n"), 80)
 
