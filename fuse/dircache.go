@@ -23,14 +23,15 @@ const maxListedNames = 64
 // Mkdir (the new directory was empty, see nfsclient.DirChange.Empty) and
 // is carried forward through the client's own changes of the directory
 // when their change_info4 is atomic and starts from change (RFC 8881
-// s3.3.12: before and after bracket exactly that operation); anything
-// else drops it.
+// s3.3.12: before and after bracket exactly that operation), or read
+// back in the changing COMPOUND after the directory's GETATTR
+// (wantListing); anything else drops it.
 type listing struct {
 	change uint64
 	names  map[string]struct{}
 }
 
-// attrFresh reports whether n's attributes were read from the server no
+// attrFreshLocked reports whether n's attributes were read from the server no
 // longer ago than their cache timeout. Caller holds n.mu.
 func (n *node) attrFreshLocked(now time.Time) bool {
 	return n.attrSet && n.acTimeout > 0 && now.Sub(n.attrTime) < n.acTimeout
