@@ -79,9 +79,6 @@ func (n *node) setAttr(a *nfsclient.Attr) {
 	n.attr.FileHandle = nil
 	n.attrSet = true
 	n.attrTime = time.Now()
-	if n.known != nil && n.known.change != a.Change {
-		n.known = nil // the directory changed in a way this client did not see
-	}
 }
 
 // attrOut fills a GETATTR/SETATTR reply from the cached attributes.

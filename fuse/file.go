@@ -149,12 +149,11 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	ch := n.beginChange()
 	defer n.endChange()
 	of, err := n.fsys.c.Open(ctx, cred, n.handle(), name, nfsclient.OpenArgs{
-		Access: access, Deny: nfsclient.ShareDenyNone, Create: how, Attr: sattrFromMode(mode),
-		ListDir: n.wantListing()})
+		Access: access, Deny: nfsclient.ShareDenyNone, Create: how, Attr: sattrFromMode(mode)})
 	if err != nil {
 		return nil, nil, 0, n.errno("OPEN", err)
 	}
-	n.dirChanged(name, true, &of.Dir, ch)
+	n.dirChanged(&of.Dir, ch)
 	if flags&syscall.O_TRUNC != 0 && !of.Created && of.Attr.Size != 0 && access != nfsclient.ShareAccessRead {
 		if errno := n.truncate(ctx, cred, of); errno != 0 {
 			n.fsys.c.CloseFile(ctx, cred, of)

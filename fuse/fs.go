@@ -47,14 +47,6 @@ type Options struct {
 	AcRegMin, AcRegMax time.Duration
 	AcDirMin, AcDirMax time.Duration
 	NoAC               bool
-	// ListingTTL bounds how long after the client last saw a
-	// directory's change attribute the listing it knows of that
-	// directory (dircache.go) answers LOOKUPs without the server;
-	// zero means 1s. Another client's new entry can go unseen that
-	// long by a name never looked up before (Linux's negative dentries
-	// hide names looked up before for the directory's attribute
-	// timeout). It never exceeds the directory's attribute timeout.
-	ListingTTL time.Duration
 	// ReadOnly mounts read-only (ro).
 	ReadOnly bool
 	// AllowOther lets users other than the mounting one use the mount.
@@ -92,7 +84,7 @@ func (o *Options) setDefaults() {
 	if o.MaxIO <= 0 {
 		o.MaxIO = 1 << 20
 	}
-	def(&o.ListingTTL, time.Second)
+
 }
 
 // Counters are the FUSE layer's own statistics.
@@ -101,12 +93,11 @@ type Counters struct {
 	Writes, WriteBytes atomic.Uint64
 	Opens, Creates     atomic.Uint64
 	Lookups, Readdirs  atomic.Uint64
-	// LookupsAnswered and GetattrsAnswered count requests answered
-	// from the client's own fresh knowledge without an RPC
-	// (dircache.go).
-	LookupsAnswered, GetattrsAnswered atomic.Uint64
-	Flushes, Fsyncs                   atomic.Uint64
-	WriteErrors                       atomic.Uint64
+	// GetattrsAnswered counts directory GETATTRs answered from
+	// attributes a change of the directory just returned (dircache.go).
+	GetattrsAnswered atomic.Uint64
+	Flushes, Fsyncs  atomic.Uint64
+	WriteErrors      atomic.Uint64
 	// BytesCopied counts data bytes this layer copied: WRITE data into
 	// write-back buffers (the one copy a WRITE makes), and buffered data
 	// moved to a larger buffer.
@@ -142,9 +133,6 @@ type FS struct {
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
-	// cinfoNotAtomic is set once the server sent a change_info4 that
-	// is not atomic (dircache.go).
-	cinfoNotAtomic atomic.Bool
 
 	// Stats are the FUSE layer's counters.
 	Stats Counters

@@ -28,10 +28,8 @@ type node struct {
 	attrSet   bool
 	attrTime  time.Time // when attr was read from the server
 	acTimeout time.Duration
-	// known is a directory's listing, when the client knows it
-	// (dircache.go); changing and changeSeq tell whether the COMPOUNDs
-	// that change the directory overlapped.
-	known     *listing
+	// changing and changeSeq tell whether the COMPOUNDs that change
+	// the object (or the directory) overlapped (dircache.go).
 	changing  int
 	changeSeq uint64
 	// openChange is the change attribute when the kernel's page cache
@@ -125,21 +123,6 @@ func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 		return nil, errno
 	}
 	n.fsys.Stats.Lookups.Add(1)
-	if n.knownAbsent(name) {
-		n.fsys.Stats.LookupsAnswered.Add(1)
-		if n.fsys.tr.On(trace.FUSE) {
-			n.fsys.trace("LOOKUP dir=%d name=%q -> absent from the known listing", n.StableAttr().Ino, name)
-		}
-		return nil, syscall.ENOENT
-	}
-	if cn, ino := n.knownChildDir(name); ino != nil {
-		n.fsys.Stats.LookupsAnswered.Add(1)
-		cn.entryOut(out)
-		if n.fsys.tr.On(trace.FUSE) {
-			n.fsys.trace("LOOKUP dir=%d name=%q -> ino=%d from the known listing", n.StableAttr().Ino, name, ino.StableAttr().Ino)
-		}
-		return ino, 0
-	}
 	fh, a, err := n.fsys.c.Lookup(ctx, n.fsys.cred(ctx), n.handle(), name)
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
@@ -224,23 +207,16 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttr
 	ch := n.beginChange()
 	defer n.endChange()
 	var a nfsclient.Attr
-	var names []string
-	var listed bool
 	var err error
-	switch {
-	case sa.Empty():
+	if sa.Empty() {
 		a, err = n.fsys.c.GetAttr(ctx, cred, n.handle())
-	case n.StableAttr().Mode == syscall.S_IFDIR && n.smallListing():
-		// SETATTR carries no change_info4: the directory's listing
-		// survives only if read back in the same COMPOUND.
-		a, names, listed, err = n.fsys.c.SetAttrListed(ctx, cred, n.handle(), &sa)
-	default:
+	} else {
 		a, err = n.fsys.c.SetAttr(ctx, cred, n.handle(), sid, &sa)
 	}
 	if err != nil {
 		return n.errno("SETATTR", err)
 	}
-	n.setAttrListed(&a, names, listed, ch)
+	n.changed(&a, true, ch)
 	if sa.Size != nil {
 		n.mu.Lock()
 		n.openChange = a.Change // our own truncate keeps the cache valid
@@ -321,20 +297,12 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 	ctx = uninterrupted(ctx)
 	ch := n.beginChange()
 	defer n.endChange()
-	mkdir := n.fsys.c.Mkdir
-	if n.wantListing() {
-		mkdir = n.fsys.c.MkdirListed
-	}
-	m, err := mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
+	m, err := n.fsys.c.Mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
 	if err != nil {
 		return nil, n.errno("MKDIR", err)
 	}
-	n.dirChanged(name, true, &m.Dir, ch)
-	ino := n.fsys.child(ctx, n, name, m.FH, &m.Attr, out)
-	if cn, ok := ino.Operations().(*node); ok {
-		cn.knowEmpty(&m)
-	}
-	return ino, 0
+	n.dirChanged(&m.Dir, ch)
+	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
 // Mknod creates fifos, sockets and devices with CREATE, regular files
@@ -363,7 +331,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 		if err != nil {
 			return nil, n.errno("OPEN", err)
 		}
-		n.dirChanged(name, true, &of.Dir, ch)
+		n.dirChanged(&of.Dir, ch)
 		if err := n.fsys.c.CloseFile(ctx, cred, of); err != nil {
 			return nil, n.errno("CLOSE", err)
 		}
@@ -375,7 +343,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	if err != nil {
 		return nil, n.errno("MKNOD", err)
 	}
-	n.dirChanged(name, true, &m.Dir, ch)
+	n.dirChanged(&m.Dir, ch)
 	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
@@ -394,7 +362,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.Ent
 	if err != nil {
 		return nil, n.errno("SYMLINK", err)
 	}
-	n.dirChanged(name, true, &m.Dir, ch)
+	n.dirChanged(&m.Dir, ch)
 	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
@@ -414,7 +382,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if err != nil {
 		return nil, n.errno("LINK", err)
 	}
-	n.dirChanged(name, true, &dc, ch)
+	n.dirChanged(&dc, ch)
 	return n.fsys.child(ctx, n, name, t.handle(), &a, out), 0
 }
 
@@ -434,7 +402,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	// The removed object has one link less (Linux nfs_unlink and
 	// nfs_rmdir drop its nlink and revalidate).
 	n.invalidateChild(name)
-	n.dirChanged(name, false, &dc, ch)
+	n.dirChanged(&dc, ch)
 	return 0
 }
 
@@ -485,14 +453,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	// stale (Linux nfs_rename: nfs_drop_nlink of the target).
 	n.invalidateChild(name)
 	np.invalidateChild(newName)
-	if np == n {
-		// One change_info4 pair for the one directory: RFC 8881
-		// s18.26.4 reports source and target separately even then, so
-		// only the target's (the later) is a step from a known state.
-		n.dirChanged(name, false, &nfsclient.DirChange{Attr: dst.Attr, AttrOK: dst.AttrOK}, ch)
-		return 0
+	n.dirChanged(&src, ch)
+	if np != n {
+		np.dirChanged(&dst, npch)
 	}
-	n.dirChanged(name, false, &src, ch)
-	np.dirChanged(newName, true, &dst, npch)
 	return 0
 }

@@ -1,44 +1,34 @@
 package nfsclient
 
 import (
-	"slices"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
 // TestDirChange checks the directory post-op attributes folded into the
-// COMPOUNDs that change a directory (no GETATTR has to follow), Mkdir's
-// empty-directory probe and the listings read back on request.
+// COMPOUNDs that change a directory (no GETATTR has to follow), and
+// WRITE's.
 func TestDirChange(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, p peer) {
 		c := dial(t, p, oncrpc.TCPOptions{})
 		ctx := testCtx(t)
 		parent := testDir(t, c)
-		m, err := c.MkdirListed(ctx, rootCred, parent, "d", &SetAttr{Mode: ptr(uint32(0o755))})
+		m, err := c.Mkdir(ctx, rootCred, parent, "d", &SetAttr{Mode: ptr(uint32(0o755))})
 		if err != nil {
 			t.Fatal(err)
-		}
-		if !m.Dir.Empty {
-			t.Errorf("a new directory was not seen empty")
 		}
 		if !m.Dir.AttrOK || m.Dir.Attr.Type != TypeDir || m.Dir.Attr.NLink < 3 || m.Dir.Attr.Change != m.Dir.After {
 			t.Errorf("mkdir: parent post-op attributes %+v (ok %v), change_info after %d", m.Dir.Attr, m.Dir.AttrOK, m.Dir.After)
 		}
-		if !m.Dir.Listed || !slices.Equal(m.Dir.Names, []string{"d"}) {
-			t.Errorf("mkdir: parent listing %q (listed %v), want [d]", m.Dir.Names, m.Dir.Listed)
-		}
 		dir := m.FH
 
-		of, err := c.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessWrite, Create: Guarded, Attr: &SetAttr{Mode: ptr(uint32(0o644))}, ListDir: true})
+		of, err := c.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessWrite, Create: Guarded, Attr: &SetAttr{Mode: ptr(uint32(0o644))}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !of.Dir.AttrOK || of.Dir.Attr.FileID != m.Attr.FileID || of.Dir.Before == of.Dir.After || of.Dir.Attr.Change != of.Dir.After {
 			t.Errorf("open(create): directory %+v (ok %v), change_info %d -> %d", of.Dir.Attr, of.Dir.AttrOK, of.Dir.Before, of.Dir.After)
-		}
-		if !of.Dir.Listed || !slices.Equal(of.Dir.Names, []string{"f"}) {
-			t.Errorf("open(create): listing %q (listed %v), want [f]", of.Dir.Names, of.Dir.Listed)
 		}
 		wr, err := c.WriteGetAttr(ctx, rootCred, of.FH, of.StateID, 0, []byte("hello"), FileSync)
 		if err != nil {
@@ -49,11 +39,6 @@ func TestDirChange(t *testing.T) {
 		}
 		if err := c.CloseFile(ctx, rootCred, of); err != nil {
 			t.Fatal(err)
-		}
-
-		a, names, listed, err := c.SetAttrListed(ctx, rootCred, dir, &SetAttr{Mode: ptr(uint32(0o700))})
-		if err != nil || a.Mode != 0o700 || !listed || !slices.Equal(names, []string{"f"}) {
-			t.Errorf("setattr of the directory: mode %o, listing %q (listed %v), %v", a.Mode, names, listed, err)
 		}
 
 		la, ldc, err := c.Link(ctx, rootCred, of.FH, dir, "g")

@@ -112,31 +112,6 @@ func (c *Client) SetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte,
 	return a, err
 }
 
-// SetAttrListed is SetAttr of a small directory that also reads it back
-// after the GETATTR (PUTFH, SETATTR, GETATTR, READDIR): names is its
-// listing at the returned change attribute when listed.
-func (c *Client) SetAttrListed(ctx context.Context, cred oncrpc.Credential, fh []byte, sa *SetAttr) (a Attr, names []string, listed bool, err error) {
-	var dc DirChange
-	err = c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
-		cp.setAttr(c.sid(cp, StateID{}), sa)
-		cp.getAttr(fileAttrs)
-		cp.readdir(0, [8]byte{}, listingProbe, listingProbe, Bitmap{})
-	}), func(r *results) error {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		if err := r.decodeSetAttr(); err != nil {
-			return err
-		}
-		if err := r.decodeGetAttr(&a); err != nil {
-			return err
-		}
-		r.decodeListing(&dc)
-		return nil
-	})
-	return a, dc.Names, dc.Listed, err
-}
-
 // OpenArgs says how to open a file.
 type OpenArgs struct {
 	Access uint32     // ShareAccessRead, ShareAccessWrite or ShareAccessBoth
@@ -146,9 +121,6 @@ type OpenArgs struct {
 	// Verifier identifies an exclusive create, so a retransmitted OPEN
 	// finds the file it made (RFC 8881 s18.16.3).
 	Verifier [8]byte
-	// ListDir asks an OPEN that may create to read the (small)
-	// directory too, after its post-op GETATTR: OpenFile.Dir.Names.
-	ListDir bool
 }
 
 // OpenFile is open state on the server: a file handle and its stateid.
@@ -228,9 +200,6 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 		if postOp {
 			cp.putFH(fh)
 			cp.getAttr(fileAttrs)
-			if args.ListDir {
-				cp.readdir(0, [8]byte{}, listingProbe, listingProbe, Bitmap{})
-			}
 		}
 	}), func(r *results) (err error) {
 		if err := r.voidOp(opPutFH); err != nil {
@@ -259,9 +228,6 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 		}
 		if postOp && r.voidOp(opPutFH) == nil {
 			of.Dir.AttrOK = r.decodePostOpAttr(&of.Dir.Attr)
-			if of.Dir.AttrOK && args.ListDir {
-				r.decodeListing(&of.Dir)
-			}
 		}
 		return nil
 	})
@@ -422,29 +388,15 @@ type Made struct {
 
 // create makes a non-regular object in dir (RFC 8881 s18.4): PUTFH dir,
 // CREATE, GETFH, GETATTR, then PUTFH dir, GETATTR for the directory's
-// post-op attributes. A new directory is also read (READDIR after its
-// GETATTR) so the caller knows it was empty at that change attribute.
+// post-op attributes.
 func (c *Client) create(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, kind createKind, sa *SetAttr) (Made, error) {
-	return c.createIn(ctx, cred, dir, name, kind, sa, false)
-}
-
-// createIn is create; listDir also reads dir back after its GETATTR
-// (Made.Dir.Names, as OpenArgs.ListDir).
-func (c *Client) createIn(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, kind createKind, sa *SetAttr, listDir bool) (Made, error) {
 	var m Made
-	isDir := kind.Type == TypeDir
 	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
 		cp.create(kind, name, sa)
 		cp.getFH()
 		cp.getAttr(fileAttrs)
-		if isDir {
-			cp.readdir(0, [8]byte{}, emptyDirProbe, emptyDirProbe, Bitmap{})
-		}
 		cp.putFH(dir)
 		cp.getAttr(fileAttrs)
-		if listDir {
-			cp.readdir(0, [8]byte{}, listingProbe, listingProbe, Bitmap{})
-		}
 	}), func(r *results) (err error) {
 		if err := r.voidOp(opPutFH); err != nil {
 			return err
@@ -460,17 +412,8 @@ func (c *Client) createIn(ctx context.Context, cred oncrpc.Credential, dir []byt
 		if err := r.decodeGetAttr(&m.Attr); err != nil {
 			return err
 		}
-		if isDir {
-			m.Dir.Empty = r.decodeEmptyDir()
-			if r.d.Err() != nil {
-				return nil
-			}
-		}
 		if r.voidOp(opPutFH) == nil {
 			m.Dir.AttrOK = r.decodePostOpAttr(&m.Dir.Attr)
-			if m.Dir.AttrOK && listDir {
-				r.decodeListing(&m.Dir)
-			}
 		}
 		return nil
 	})
@@ -480,12 +423,6 @@ func (c *Client) createIn(ctx context.Context, cred oncrpc.Credential, dir []byt
 // Mkdir creates directory name in dir.
 func (c *Client) Mkdir(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, sa *SetAttr) (Made, error) {
 	return c.create(ctx, cred, dir, name, createKind{Type: TypeDir}, sa)
-}
-
-// MkdirListed is Mkdir that also reads dir (a small one) back after its
-// post-op GETATTR: Made.Dir.Names is its listing at Made.Dir.Attr.Change.
-func (c *Client) MkdirListed(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, sa *SetAttr) (Made, error) {
-	return c.createIn(ctx, cred, dir, name, createKind{Type: TypeDir}, sa, true)
 }
 
 // Symlink creates a symbolic link name in dir pointing at target.
