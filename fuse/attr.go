@@ -79,6 +79,7 @@ func (n *node) setAttr(a *nfsclient.Attr) {
 	n.attr.FileHandle = nil
 	n.attrSet = true
 	n.attrTime = time.Now()
+	n.postOp = false
 }
 
 // attrOut fills a GETATTR/SETATTR reply from the cached attributes.

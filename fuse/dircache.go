@@ -39,12 +39,17 @@ func (n *node) invalidateChild(name string) {
 // (dirChanged). Regular files keep asking: their size and times move
 // with WRITEs that carry no attributes.
 func (n *node) cachedDirAttr() bool {
-	if n.StableAttr().Mode != syscall.S_IFDIR {
-		return false
-	}
+	return n.StableAttr().Mode == syscall.S_IFDIR && n.postOpFresh()
+}
+
+// postOpFresh reports whether n's attributes are the post-op attributes
+// of its last change and still within their cache timeout. Attributes
+// from anywhere else (a LOOKUP or READDIR that may have started before
+// the change) make the next GETATTR ask the server.
+func (n *node) postOpFresh() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.attrFreshLocked(time.Now())
+	return n.postOp && n.attrFreshLocked(time.Now())
 }
 
 // change is one COMPOUND of this client that changes directory n (or
@@ -93,7 +98,9 @@ func (n *node) changed(a *nfsclient.Attr, ok bool, ch change) {
 		n.setAttr(a)
 	}
 	n.mu.Lock()
-	if !ok || !n.aloneLocked(ch) {
+	if ok && n.aloneLocked(ch) {
+		n.postOp = true
+	} else {
 		n.attrTime = time.Time{}
 	}
 	n.mu.Unlock()

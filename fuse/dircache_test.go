@@ -15,9 +15,10 @@ func newDirNode(c uint64, acdir time.Duration) *node {
 // fresh reports whether n's cached attributes would answer a GETATTR,
 // and their change attribute.
 func fresh(n *node) (bool, uint64) {
+	ok := n.postOpFresh()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.attrFreshLocked(time.Now()), n.attr.Change
+	return ok, n.attr.Change
 }
 
 // solo is a change of n that overlapped no other.
@@ -66,6 +67,17 @@ func TestDirAttrCache(t *testing.T) {
 	n.invalidateAttr()
 	if ok, _ := fresh(n); ok {
 		t.Error("invalidated attributes are fresh")
+	}
+
+	// Attributes from a LOOKUP or READDIR (which may have started
+	// before the change) are not post-op attributes.
+	n.dirChanged(post(24), solo(n))
+	n.setAttr(&nfsclient.Attr{Type: nfsclient.TypeDir, Change: 23, FileID: 7})
+	if ok, _ := fresh(n); ok {
+		t.Error("attributes from elsewhere after the change answer")
+	}
+	if n := newDirNode(40, time.Hour); func() bool { ok, _ := fresh(n); return ok }() {
+		t.Error("a new node's attributes (from a LOOKUP) answer")
 	}
 
 	// With no attribute caching (actimeo=0) nothing is answered.

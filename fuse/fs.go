@@ -84,7 +84,6 @@ func (o *Options) setDefaults() {
 	if o.MaxIO <= 0 {
 		o.MaxIO = 1 << 20
 	}
-
 }
 
 // Counters are the FUSE layer's own statistics.

@@ -23,10 +23,13 @@ type node struct {
 	fsys *FS
 	fh   []byte
 
-	mu        sync.Mutex
-	attr      nfsclient.Attr
-	attrSet   bool
-	attrTime  time.Time // when attr was read from the server
+	mu       sync.Mutex
+	attr     nfsclient.Attr
+	attrSet  bool
+	attrTime time.Time // when attr was read from the server
+	// postOp says attr came back from this client's last change of the
+	// object, with nothing else setting attributes since (dircache.go).
+	postOp    bool
 	acTimeout time.Duration
 	// changing and changeSeq tell whether the COMPOUNDs that change
 	// the object (or the directory) overlapped (dircache.go).
