@@ -78,6 +78,8 @@ func (n *node) setAttr(a *nfsclient.Attr) {
 	n.attr = *a
 	n.attr.FileHandle = nil
 	n.attrSet = true
+	n.attrTime = time.Now()
+	n.postOp = false
 }
 
 // attrOut fills a GETATTR/SETATTR reply from the cached attributes.

@@ -54,6 +54,9 @@ func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 		return d.n.errno("READDIR", err)
 	}
 	d.entries, d.loaded = ents, true
+	// READDIR moves the directory's atime: its cached attributes no
+	// longer answer a GETATTR (as Linux marks NFS_INO_INVALID_ATIME).
+	d.n.invalidateAttr()
 	if d.n.fsys.tr.On(trace.FUSE) {
 		d.n.fsys.trace("READDIR ino=%d entries=%d (attributes and handles from READDIR)", d.n.StableAttr().Ino, len(ents))
 	}

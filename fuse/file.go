@@ -36,6 +36,9 @@ type file struct {
 	sent     bool  // UNSTABLE WRITEs went out since the last COMMIT
 	werr     error // first write error, reported by flush and fsync
 	released bool
+	// post is the file's attributes returned by the last WRITE of
+	// writeStable, nil after any other write.
+	post *nfsclient.Attr
 }
 
 var (
@@ -143,11 +146,14 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if flags&syscall.O_EXCL != 0 {
 		how = nfsclient.Guarded
 	}
+	ch := n.beginChange()
+	defer n.endChange()
 	of, err := n.fsys.c.Open(ctx, cred, n.handle(), name, nfsclient.OpenArgs{
 		Access: access, Deny: nfsclient.ShareDenyNone, Create: how, Attr: sattrFromMode(mode)})
 	if err != nil {
 		return nil, nil, 0, n.errno("OPEN", err)
 	}
+	n.dirChanged(&of.Dir, ch)
 	if flags&syscall.O_TRUNC != 0 && !of.Created && of.Attr.Size != 0 && access != nfsclient.ShareAccessRead {
 		if errno := n.truncate(ctx, cred, of); errno != 0 {
 			n.fsys.c.CloseFile(ctx, cred, of)
@@ -421,11 +427,21 @@ func (h *file) writeStable(ctx context.Context, data []byte, off uint64) error {
 		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (file_sync, whole flush in one request)", h.n.StableAttr().Ino, off, len(data))
 	}
 	needCommit := false
+	h.post = nil
 	for len(data) > 0 {
 		n := min(len(data), c.WSize())
-		res, err := c.Write(ctx, h.cred, h.of.FH, h.of.StateID, off, data[:n], nfsclient.FileSync)
+		write := c.Write
+		if n == len(data) {
+			// The last WRITE brings the attributes the flush needs
+			// (Linux folds GETATTR into every WRITE).
+			write = c.WriteGetAttr
+		}
+		res, err := write(ctx, h.cred, h.of.FH, h.of.StateID, off, data[:n], nfsclient.FileSync)
 		if err != nil {
 			return fmt.Errorf("write at %d: %w", off, err)
+		}
+		if res.AttrOK {
+			h.post = &res.Attr
 		}
 		if res.Count == 0 {
 			return fmt.Errorf("write at %d: server wrote 0 bytes: %w", off, syscall.EIO)
@@ -450,7 +466,9 @@ func (h *file) Flush(ctx context.Context) syscall.Errno {
 	h.n.fsys.Stats.Flushes.Add(1)
 	h.mu.Lock()
 	wasDirty := h.dirty
+	h.post = nil
 	err := h.syncLocked(ctx)
+	post := h.post
 	h.mu.Unlock()
 	if err != nil {
 		return h.n.errno("flush", err)
@@ -462,8 +480,15 @@ func (h *file) Flush(ctx context.Context) syscall.Errno {
 	}
 	if wasDirty {
 		// Our own writes changed the change attribute: remember the
-		// new value so the next open keeps the page cache.
-		if a, err := h.n.fsys.c.GetAttr(ctx, h.cred, h.of.FH); err == nil {
+		// new value so the next open keeps the page cache. A flush
+		// done by one FILE_SYNC WRITE brought the attributes along.
+		a, err := nfsclient.Attr{}, error(nil)
+		if post != nil {
+			a = *post
+		} else {
+			a, err = h.n.fsys.c.GetAttr(ctx, h.cred, h.of.FH)
+		}
+		if err == nil {
 			h.n.setAttr(&a)
 			h.n.mu.Lock()
 			h.n.openChange = a.Change

@@ -92,8 +92,11 @@ type Counters struct {
 	Writes, WriteBytes atomic.Uint64
 	Opens, Creates     atomic.Uint64
 	Lookups, Readdirs  atomic.Uint64
-	Flushes, Fsyncs    atomic.Uint64
-	WriteErrors        atomic.Uint64
+	// GetattrsAnswered counts directory GETATTRs answered from
+	// attributes a change of the directory just returned (dircache.go).
+	GetattrsAnswered atomic.Uint64
+	Flushes, Fsyncs  atomic.Uint64
+	WriteErrors      atomic.Uint64
 	// BytesCopied counts data bytes this layer copied: WRITE data into
 	// write-back buffers (the one copy a WRITE makes), and buffered data
 	// moved to a larger buffer.

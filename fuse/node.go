@@ -23,10 +23,18 @@ type node struct {
 	fsys *FS
 	fh   []byte
 
-	mu        sync.Mutex
-	attr      nfsclient.Attr
-	attrSet   bool
+	mu       sync.Mutex
+	attr     nfsclient.Attr
+	attrSet  bool
+	attrTime time.Time // when attr was read from the server
+	// postOp says attr came back from this client's last change of the
+	// object, with nothing else setting attributes since (dircache.go).
+	postOp    bool
 	acTimeout time.Duration
+	// changing and changeSeq tell whether the COMPOUNDs that change
+	// the object (or the directory) overlapped (dircache.go).
+	changing  int
+	changeSeq uint64
 	// openChange is the change attribute when the kernel's page cache
 	// was last known to match the server (close-to-open, RFC 8881
 	// s10.3.1 as the Linux client does it).
@@ -132,8 +140,15 @@ func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 }
 
 // Getattr sends GETATTR: the kernel asks only when its cached attributes
-// have expired. Buffered writes go out first so size and mtime are right.
+// have expired, or after it changed the object. Buffered writes go out
+// first so size and mtime are right. A directory whose attributes came
+// back fresh from the change itself is answered from them (dircache.go).
 func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
+	if n.cachedDirAttr() {
+		n.fsys.Stats.GetattrsAnswered.Add(1)
+		n.attrOut(out)
+		return 0
+	}
 	if errno := n.flushWriters(ctx); errno != 0 {
 		return errno
 	}
@@ -192,6 +207,8 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttr
 		sid = h.of.StateID
 	}
 	cred := n.fsys.cred(ctx)
+	ch := n.beginChange()
+	defer n.endChange()
 	var a nfsclient.Attr
 	var err error
 	if sa.Empty() {
@@ -202,7 +219,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttr
 	if err != nil {
 		return n.errno("SETATTR", err)
 	}
-	n.setAttr(&a)
+	n.changed(&a, true, ch)
 	if sa.Size != nil {
 		n.mu.Lock()
 		n.openChange = a.Change // our own truncate keeps the cache valid
@@ -281,11 +298,14 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 		return nil, errno
 	}
 	ctx = uninterrupted(ctx)
-	fh, a, err := n.fsys.c.Mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
+	ch := n.beginChange()
+	defer n.endChange()
+	m, err := n.fsys.c.Mkdir(ctx, n.fsys.cred(ctx), n.handle(), name, sattrFromMode(mode))
 	if err != nil {
 		return nil, n.errno("MKDIR", err)
 	}
-	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+	n.dirChanged(&m.Dir, ch)
+	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
 // Mknod creates fifos, sockets and devices with CREATE, regular files
@@ -296,6 +316,8 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	}
 	ctx = uninterrupted(ctx)
 	cred := n.fsys.cred(ctx)
+	ch := n.beginChange()
+	defer n.endChange()
 	var typ nfsclient.FileType
 	switch mode & syscall.S_IFMT {
 	case syscall.S_IFIFO:
@@ -312,6 +334,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 		if err != nil {
 			return nil, n.errno("OPEN", err)
 		}
+		n.dirChanged(&of.Dir, ch)
 		if err := n.fsys.c.CloseFile(ctx, cred, of); err != nil {
 			return nil, n.errno("CLOSE", err)
 		}
@@ -319,11 +342,12 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	default:
 		return nil, syscall.EINVAL
 	}
-	fh, a, err := n.fsys.c.Mknod(ctx, cred, n.handle(), name, typ, unix.Major(uint64(dev)), unix.Minor(uint64(dev)), sattrFromMode(mode))
+	m, err := n.fsys.c.Mknod(ctx, cred, n.handle(), name, typ, unix.Major(uint64(dev)), unix.Minor(uint64(dev)), sattrFromMode(mode))
 	if err != nil {
 		return nil, n.errno("MKNOD", err)
 	}
-	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+	n.dirChanged(&m.Dir, ch)
+	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
 // Symlink sends CREATE of an NF4LNK.
@@ -335,11 +359,14 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.Ent
 		return nil, errno
 	}
 	ctx = uninterrupted(ctx)
-	fh, a, err := n.fsys.c.Symlink(ctx, n.fsys.cred(ctx), n.handle(), name, target, nil)
+	ch := n.beginChange()
+	defer n.endChange()
+	m, err := n.fsys.c.Symlink(ctx, n.fsys.cred(ctx), n.handle(), name, target, nil)
 	if err != nil {
 		return nil, n.errno("SYMLINK", err)
 	}
-	return n.fsys.child(ctx, n, name, fh, &a, out), 0
+	n.dirChanged(&m.Dir, ch)
+	return n.fsys.child(ctx, n, name, m.FH, &m.Attr, out), 0
 }
 
 // Link sends LINK and returns the target's inode with its new link count.
@@ -352,10 +379,13 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, syscall.EXDEV
 	}
-	a, err := n.fsys.c.Link(ctx, n.fsys.cred(ctx), t.handle(), n.handle(), name)
+	ch := n.beginChange()
+	defer n.endChange()
+	a, dc, err := n.fsys.c.Link(ctx, n.fsys.cred(ctx), t.handle(), n.handle(), name)
 	if err != nil {
 		return nil, n.errno("LINK", err)
 	}
+	n.dirChanged(&dc, ch)
 	return n.fsys.child(ctx, n, name, t.handle(), &a, out), 0
 }
 
@@ -366,9 +396,16 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	ctx = uninterrupted(ctx)
-	if err := n.fsys.c.Remove(ctx, n.fsys.cred(ctx), n.handle(), name); err != nil {
+	ch := n.beginChange()
+	defer n.endChange()
+	dc, err := n.fsys.c.Remove(ctx, n.fsys.cred(ctx), n.handle(), name)
+	if err != nil {
 		return n.errno("REMOVE", err)
 	}
+	// The removed object has one link less (Linux nfs_unlink and
+	// nfs_rmdir drop its nlink and revalidate).
+	n.invalidateChild(name)
+	n.dirChanged(&dc, ch)
 	return 0
 }
 
@@ -403,8 +440,25 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	default:
 		return syscall.EINVAL
 	}
-	if err := n.fsys.c.Rename(ctx, cred, n.handle(), name, np.handle(), newName); err != nil {
+	ch := n.beginChange()
+	defer n.endChange()
+	npch := ch
+	if np != n {
+		npch = np.beginChange()
+		defer np.endChange()
+	}
+	src, dst, err := n.fsys.c.Rename(ctx, cred, n.handle(), name, np.handle(), newName)
+	if err != nil {
 		return n.errno("RENAME", err)
+	}
+	// A directory moved to another parent has a new ".." (and ctime),
+	// a replaced target one link less: their cached attributes are
+	// stale (Linux nfs_rename: nfs_drop_nlink of the target).
+	n.invalidateChild(name)
+	np.invalidateChild(newName)
+	n.dirChanged(&src, ch)
+	if np != n {
+		np.dirChanged(&dst, npch)
 	}
 	return 0
 }

@@ -174,15 +174,24 @@ var failOnMount = map[string]knownFailure{
 // for a reason that is not a bug to fix here: why, and the message the
 // skip carries. Such a case runs in a child process and must skip there
 // with that message: the skip is the behaviour asserted.
-type knownSkip struct{ why, msg string }
+type knownSkip struct {
+	why, msg string
+	// mayPass marks a skip that depends on the server's timing: the
+	// case may pass instead, but it must not fail.
+	mayPass bool
+}
 
 // skipOnMount are the posixtest cases that skip themselves through the
 // mount.
 var skipOnMount = map[string]knownSkip{
 	// rename(dir1, dir2) removes dir2 on the server, and an NFS server
 	// keeps no state for an open directory: GETATTR of its handle is
-	// NFS4ERR_STALE (RFC 8881 s15.1.2.7), fstat(2) ESTALE.
-	"RenameOpenDir": {why: "a directory removed by a rename is stale on the server", msg: "Fstat failed: stale file handle"},
+	// NFS4ERR_STALE (RFC 8881 s15.1.2.7), fstat(2) ESTALE. The client
+	// does send that GETATTR (the rename invalidates dir2's attributes,
+	// as Linux's nfs_rename drops its nlink), but knfsd on tmpfs still
+	// finds a removed directory by its handle while its inode is
+	// cached: a GETATTR that comes soon enough succeeds.
+	"RenameOpenDir": {why: "a directory removed by a rename is stale on the server", msg: "Fstat failed: stale file handle", mayPass: true},
 	// No O_TMPFILE over FUSE here: the open fails with EOPNOTSUPP.
 	"Tmpfile": {why: "no O_TMPFILE through the mount", msg: "FS does not support O_TMPFILE: operation not supported"},
 	// NFSv4.1 has no extended attributes (RFC 8276 adds them to
@@ -217,6 +226,10 @@ func expectSkip(t *testing.T, name, dir string, mounted bool) *knownSkip {
 func checkSkips(t *testing.T, name, dir string, s *knownSkip) {
 	t.Helper()
 	failed, out := runPosixCase(t, name, dir)
+	if s.mayPass && !failed && strings.Contains(out, "--- PASS: TestPosixCaseChild") {
+		t.Logf("%s passed; it may skip (%s): %q", name, s.why, s.msg)
+		return
+	}
 	if failed || !strings.Contains(out, "--- SKIP: TestPosixCaseChild") || !strings.Contains(out, s.msg) {
 		t.Errorf("%s: expected to skip with %q (%s); got:\n%s", name, s.msg, s.why, out)
 		return

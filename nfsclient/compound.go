@@ -256,15 +256,18 @@ func (c *compound) remove(name string) {
 	c.e.String(name)
 }
 
-func (r *results) decodeChangeOp(op uint32) error {
+// decodeChangeOp decodes REMOVE, LINK or RENAME: the directory's
+// change_info4, and for RENAME the source's then the target's
+// (RFC 8881 s18.26.2).
+func (r *results) decodeChangeOp(op uint32) (ci, ci2 changeInfo, err error) {
 	if err := r.next(op); err != nil {
-		return err
+		return ci, ci2, err
 	}
-	decodeChangeInfo(&r.d)
+	ci = decodeChangeInfo(&r.d)
 	if op == opRename {
-		decodeChangeInfo(&r.d)
+		ci2 = decodeChangeInfo(&r.d)
 	}
-	return r.check(op)
+	return ci, ci2, r.check(op)
 }
 
 func (c *compound) rename(oldName, newName string) {
@@ -309,13 +312,13 @@ func (c *compound) create(kind createKind, name string, sa *SetAttr) {
 	sa.encode(&c.e)
 }
 
-func (r *results) decodeCreate() error {
+func (r *results) decodeCreate() (changeInfo, error) {
 	if err := r.next(opCreate); err != nil {
-		return err
+		return changeInfo{}, err
 	}
-	decodeChangeInfo(&r.d)
+	ci := decodeChangeInfo(&r.d)
 	decodeBitmap(&r.d)
-	return r.check(opCreate)
+	return ci, r.check(opCreate)
 }
 
 func (c *compound) read(sid StateID, off uint64, dest []byte) {

@@ -158,14 +158,14 @@ var rootCred = oncrpc.AuthSys{MachineName: "test"}.Credential()
 func testDir(t *testing.T, c *Client) []byte {
 	t.Helper()
 	name := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), rand.Uint32())
-	fh, a, err := c.Mkdir(testCtx(t), rootCred, c.RootFH(), name, &SetAttr{Mode: ptr(uint32(0o777))})
+	m, err := c.Mkdir(testCtx(t), rootCred, c.RootFH(), name, &SetAttr{Mode: ptr(uint32(0o777))})
 	if err != nil {
 		t.Fatalf("mkdir %s: %v", name, err)
 	}
-	if a.Type != TypeDir {
-		t.Fatalf("mkdir made type %d", a.Type)
+	if m.Attr.Type != TypeDir {
+		t.Fatalf("mkdir made type %d", m.Attr.Type)
 	}
-	return fh
+	return m.FH
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -274,10 +274,11 @@ func TestNamespaceOps(t *testing.T) {
 		c := dial(t, p, oncrpc.TCPOptions{})
 		ctx := testCtx(t)
 		dir := testDir(t, c)
-		sub, _, err := c.Mkdir(ctx, rootCred, dir, "sub", &SetAttr{Mode: ptr(uint32(0o755))})
+		made, err := c.Mkdir(ctx, rootCred, dir, "sub", &SetAttr{Mode: ptr(uint32(0o755))})
 		if err != nil {
 			t.Fatal(err)
 		}
+		sub := made.FH
 		of, err := c.Open(ctx, rootCred, dir, "a", OpenArgs{Access: ShareAccessWrite, Create: Unchecked, Attr: &SetAttr{Mode: ptr(uint32(0o600))}})
 		if err != nil {
 			t.Fatal(err)
@@ -290,7 +291,7 @@ func TestNamespaceOps(t *testing.T) {
 		}
 
 		// rename across directories
-		if err := c.Rename(ctx, rootCred, dir, "a", sub, "b"); err != nil {
+		if _, _, err := c.Rename(ctx, rootCred, dir, "a", sub, "b"); err != nil {
 			t.Fatalf("rename: %v", err)
 		}
 		if _, _, err := c.Lookup(ctx, rootCred, dir, "a"); !errors.Is(err, ErrNoEnt) || Errno(err) != syscall.ENOENT {
@@ -301,7 +302,7 @@ func TestNamespaceOps(t *testing.T) {
 			t.Fatalf("lookup renamed: %+v %v", battr, err)
 		}
 		// hard link
-		la, err := c.Link(ctx, rootCred, bfh, dir, "hard")
+		la, _, err := c.Link(ctx, rootCred, bfh, dir, "hard")
 		if err != nil || la.NLink != 2 {
 			t.Fatalf("link: nlink=%d %v", la.NLink, err)
 		}
@@ -310,15 +311,16 @@ func TestNamespaceOps(t *testing.T) {
 			t.Fatalf("hard link fileid %d vs %d: %v", ha.FileID, battr.FileID, err)
 		}
 		// symlink / readlink
-		lfh, lattr, err := c.Symlink(ctx, rootCred, dir, "sym", "sub/b", nil)
-		if err != nil || lattr.Type != TypeLnk {
-			t.Fatalf("symlink: %+v %v", lattr, err)
+		lm, err := c.Symlink(ctx, rootCred, dir, "sym", "sub/b", nil)
+		lfh := lm.FH
+		if err != nil || lm.Attr.Type != TypeLnk {
+			t.Fatalf("symlink: %+v %v", lm.Attr, err)
 		}
 		if target, err := c.Readlink(ctx, rootCred, lfh); err != nil || target != "sub/b" {
 			t.Fatalf("readlink = %q, %v", target, err)
 		}
 		// rename over an existing target
-		if err := c.Rename(ctx, rootCred, dir, "sym", dir, "hard"); err != nil {
+		if _, _, err := c.Rename(ctx, rootCred, dir, "sym", dir, "hard"); err != nil {
 			t.Fatalf("rename over existing: %v", err)
 		}
 		// EXCLUSIVE4_1 create (RFC 8881 s18.16.3): the same verifier again
@@ -337,14 +339,14 @@ func TestNamespaceOps(t *testing.T) {
 		if _, err := c.Open(ctx, rootCred, dir, "excl", excl); Errno(err) != syscall.EEXIST {
 			t.Fatalf("exclusive create with another verifier: %v", err)
 		}
-		if err := c.Remove(ctx, rootCred, dir, "excl"); err != nil {
+		if _, err := c.Remove(ctx, rootCred, dir, "excl"); err != nil {
 			t.Fatal(err)
 		}
 		// errors map to errno
-		if _, _, err := c.Mkdir(ctx, rootCred, dir, "sub", nil); Errno(err) != syscall.EEXIST {
+		if _, err := c.Mkdir(ctx, rootCred, dir, "sub", nil); Errno(err) != syscall.EEXIST {
 			t.Fatalf("mkdir existing: %v", err)
 		}
-		if err := c.Remove(ctx, rootCred, dir, "sub"); Errno(err) != syscall.ENOTEMPTY {
+		if _, err := c.Remove(ctx, rootCred, dir, "sub"); Errno(err) != syscall.ENOTEMPTY {
 			t.Fatalf("rmdir non-empty: %v", err)
 		}
 		// chmod and times
@@ -358,7 +360,7 @@ func TestNamespaceOps(t *testing.T) {
 			dir  []byte
 			name string
 		}{{sub, "b"}, {dir, "sub"}, {dir, "hard"}} {
-			if err := c.Remove(ctx, rootCred, step.dir, step.name); err != nil {
+			if _, err := c.Remove(ctx, rootCred, step.dir, step.name); err != nil {
 				t.Fatalf("remove %s: %v", step.name, err)
 			}
 		}
@@ -387,7 +389,7 @@ func TestReadDir1000(t *testing.T) {
 				name := fmt.Sprintf("entry-%04d-with-a-longer-name", i)
 				var err error
 				if i%2 == 0 {
-					_, _, err = c.Mkdir(ctx, rootCred, dir, name, nil)
+					_, err = c.Mkdir(ctx, rootCred, dir, name, nil)
 				} else {
 					var of *OpenFile
 					of, err = c.Open(ctx, rootCred, dir, name, OpenArgs{Access: ShareAccessWrite, Create: Guarded})
@@ -724,7 +726,7 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 		t.Fatal(err)
 	}
 	for i := range 200 {
-		if _, _, err := c.Mkdir(ctx, rootCred, dir, fmt.Sprintf("a-rather-long-directory-name-%03d", i), nil); err != nil {
+		if _, err := c.Mkdir(ctx, rootCred, dir, fmt.Sprintf("a-rather-long-directory-name-%03d", i), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -131,6 +131,9 @@ type OpenFile struct {
 	StateID StateID
 	Attr    Attr
 	Created bool // the OPEN created the file
+	// Dir is what an OPEN that may create did to the directory (the
+	// OPEN's change_info4 and the directory's attributes after it).
+	Dir DirChange
 
 	st *openState // for reclaim (recovery.go)
 }
@@ -153,6 +156,9 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	// never closes another's share reservation.
 	binary.BigEndian.PutUint64(owner[8:], c.ownerSeq.Add(1))
 	claimFH := name == ""
+	// An OPEN that may create changes the directory: its attributes come
+	// back in the same COMPOUND (PUTFH dir again, GETATTR).
+	postOp := !claimFH && args.Create != NoCreate
 	var deleg StateID
 	var gotDeleg, writeDeleg bool
 	wantDeleg := c.cb.wantDeleg()
@@ -191,6 +197,10 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 		}
 		cp.getFH()
 		cp.getAttr(fileAttrs)
+		if postOp {
+			cp.putFH(fh)
+			cp.getAttr(fileAttrs)
+		}
 	}), func(r *results) (err error) {
 		if err := r.voidOp(opPutFH); err != nil {
 			return err
@@ -201,6 +211,7 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 		d := &r.d
 		of.StateID = decodeStateID(d)
 		ci := decodeChangeInfo(d)
+		of.Dir.setInfo(ci)
 		d.Uint32() // rflags
 		of.Created = args.Create != NoCreate && ci.Before != ci.After
 		attrset := decodeBitmap(d)
@@ -212,7 +223,13 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 		if of.FH, err = r.decodeGetFH(); err != nil {
 			return err
 		}
-		return r.decodeGetAttr(&of.Attr)
+		if err := r.decodeGetAttr(&of.Attr); err != nil {
+			return err
+		}
+		if postOp && r.voidOp(opPutFH) == nil {
+			of.Dir.AttrOK = r.decodePostOpAttr(&of.Dir.Attr)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -305,23 +322,45 @@ type WriteResult struct {
 	Count     uint32
 	Committed Stable
 	Verifier  Verifier
+	// Attr is the file's attributes after the WRITE (WriteGetAttr),
+	// when AttrOK.
+	Attr   Attr
+	AttrOK bool
 }
 
 // Write writes data at off with the given stability. data is sent
 // without copying (a Read chunk over RDMA).
 func (c *Client) Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable) (WriteResult, error) {
+	return c.write(ctx, cred, fh, sid, off, data, stable, false)
+}
+
+// WriteGetAttr is Write with the file's attributes after it folded into
+// the same COMPOUND (PUTFH, WRITE, GETATTR), as the Linux client's WRITE
+// asks for them (nfs4_xdr_enc_write) so no GETATTR has to follow.
+func (c *Client) WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable) (WriteResult, error) {
+	return c.write(ctx, cred, fh, sid, off, data, stable, true)
+}
+
+func (c *Client) write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable, getAttr bool) (WriteResult, error) {
 	var wr WriteResult
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.write(c.sid(cp, sid), off, stable, data) }),
-		func(r *results) (err error) {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			wr.Count, wr.Committed, wr.Verifier, err = r.decodeWrite()
-			if err == nil && int(wr.Count) > len(data) {
-				return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(data), wr.Count)
-			}
+	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
+		cp.write(c.sid(cp, sid), off, stable, data)
+		if getAttr {
+			cp.getAttr(fileAttrs)
+		}
+	}), func(r *results) (err error) {
+		if err := r.voidOp(opPutFH); err != nil {
 			return err
-		})
+		}
+		wr.Count, wr.Committed, wr.Verifier, err = r.decodeWrite()
+		if err == nil && int(wr.Count) > len(data) {
+			return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(data), wr.Count)
+		}
+		if err == nil && getAttr {
+			wr.AttrOK = r.decodePostOpAttr(&wr.Attr)
+		}
+		return err
+	})
 	return wr, err
 }
 
@@ -340,87 +379,100 @@ func (c *Client) Commit(ctx context.Context, cred oncrpc.Credential, fh []byte, 
 	return v, err
 }
 
-// create makes a non-regular object in dir (RFC 8881 s18.4).
-func (c *Client) create(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, kind createKind, sa *SetAttr) ([]byte, Attr, error) {
-	var a Attr
-	var fh []byte
+// Made is an object CREATE made and what that did to its directory.
+type Made struct {
+	FH   []byte
+	Attr Attr
+	Dir  DirChange
+}
+
+// create makes a non-regular object in dir (RFC 8881 s18.4): PUTFH dir,
+// CREATE, GETFH, GETATTR, then PUTFH dir, GETATTR for the directory's
+// post-op attributes.
+func (c *Client) create(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, kind createKind, sa *SetAttr) (Made, error) {
+	var m Made
 	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
 		cp.create(kind, name, sa)
 		cp.getFH()
+		cp.getAttr(fileAttrs)
+		cp.putFH(dir)
 		cp.getAttr(fileAttrs)
 	}), func(r *results) (err error) {
 		if err := r.voidOp(opPutFH); err != nil {
 			return err
 		}
-		if err := r.decodeCreate(); err != nil {
+		ci, err := r.decodeCreate()
+		if err != nil {
 			return err
 		}
-		if fh, err = r.decodeGetFH(); err != nil {
+		m.Dir.setInfo(ci)
+		if m.FH, err = r.decodeGetFH(); err != nil {
 			return err
 		}
-		return r.decodeGetAttr(&a)
+		if err := r.decodeGetAttr(&m.Attr); err != nil {
+			return err
+		}
+		if r.voidOp(opPutFH) == nil {
+			m.Dir.AttrOK = r.decodePostOpAttr(&m.Dir.Attr)
+		}
+		return nil
 	})
-	return fh, a, err
+	return m, err
 }
 
 // Mkdir creates directory name in dir.
-func (c *Client) Mkdir(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, sa *SetAttr) ([]byte, Attr, error) {
+func (c *Client) Mkdir(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, sa *SetAttr) (Made, error) {
 	return c.create(ctx, cred, dir, name, createKind{Type: TypeDir}, sa)
 }
 
 // Symlink creates a symbolic link name in dir pointing at target.
-func (c *Client) Symlink(ctx context.Context, cred oncrpc.Credential, dir []byte, name, target string, sa *SetAttr) ([]byte, Attr, error) {
+func (c *Client) Symlink(ctx context.Context, cred oncrpc.Credential, dir []byte, name, target string, sa *SetAttr) (Made, error) {
 	return c.create(ctx, cred, dir, name, createKind{Type: TypeLnk, LinkData: target}, sa)
 }
 
 // Mknod creates a special file (fifo, socket, device) name in dir.
-func (c *Client) Mknod(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, typ FileType, major, minor uint32, sa *SetAttr) ([]byte, Attr, error) {
+func (c *Client) Mknod(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, typ FileType, major, minor uint32, sa *SetAttr) (Made, error) {
 	switch typ {
 	case TypeFifo, TypeSock, TypeBlk, TypeChr:
 	default:
-		return nil, Attr{}, fmt.Errorf("mknod: %w", ErrBadType)
+		return Made{}, fmt.Errorf("mknod: %w", ErrBadType)
 	}
 	return c.create(ctx, cred, dir, name, createKind{Type: typ, Major: major, Minor: minor}, sa)
 }
 
-// Remove removes name (a file or an empty directory) from dir.
-func (c *Client) Remove(ctx context.Context, cred oncrpc.Credential, dir []byte, name string) error {
-	return c.do(ctx, cred, putFHAnd(dir, func(cp *compound) { cp.remove(name) }),
-		func(r *results) error {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			return r.decodeChangeOp(opRemove)
-		})
+// Remove removes name (a file or an empty directory) from dir, with the
+// directory's post-op attributes (PUTFH, REMOVE, GETATTR).
+func (c *Client) Remove(ctx context.Context, cred oncrpc.Credential, dir []byte, name string) (DirChange, error) {
+	var dc DirChange
+	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
+		cp.remove(name)
+		cp.getAttr(fileAttrs)
+	}), func(r *results) error {
+		if err := r.voidOp(opPutFH); err != nil {
+			return err
+		}
+		ci, _, err := r.decodeChangeOp(opRemove)
+		if err != nil {
+			return err
+		}
+		dc.setInfo(ci)
+		dc.AttrOK = r.decodePostOpAttr(&dc.Attr)
+		return nil
+	})
+	return dc, err
 }
 
 // Rename moves srcDir/srcName to dstDir/dstName, replacing a target that
-// exists where POSIX allows.
-func (c *Client) Rename(ctx context.Context, cred oncrpc.Credential, srcDir []byte, srcName string, dstDir []byte, dstName string) error {
-	return c.do(ctx, cred, func(cp *compound) {
+// exists where POSIX allows. It returns what the move did to each
+// directory (PUTFH src, SAVEFH, PUTFH dst, RENAME, GETATTR, RESTOREFH,
+// GETATTR, as Linux's nfs4_xdr_enc_rename did).
+func (c *Client) Rename(ctx context.Context, cred oncrpc.Credential, srcDir []byte, srcName string, dstDir []byte, dstName string) (src, dst DirChange, err error) {
+	err = c.do(ctx, cred, func(cp *compound) {
 		cp.putFH(srcDir)
 		cp.saveFH()
 		cp.putFH(dstDir)
 		cp.rename(srcName, dstName)
-	}, func(r *results) error {
-		for _, op := range []uint32{opPutFH, opSaveFH, opPutFH} {
-			if err := r.voidOp(op); err != nil {
-				return err
-			}
-		}
-		return r.decodeChangeOp(opRename)
-	})
-}
-
-// Link makes a hard link dir/name to the file fh and returns its new
-// attributes (the link count changed).
-func (c *Client) Link(ctx context.Context, cred oncrpc.Credential, fh, dir []byte, name string) (Attr, error) {
-	var a Attr
-	err := c.do(ctx, cred, func(cp *compound) {
-		cp.putFH(fh)
-		cp.saveFH()
-		cp.putFH(dir)
-		cp.link(name)
+		cp.getAttr(fileAttrs)
 		cp.restoreFH()
 		cp.getAttr(fileAttrs)
 	}, func(r *results) error {
@@ -429,15 +481,58 @@ func (c *Client) Link(ctx context.Context, cred oncrpc.Credential, fh, dir []byt
 				return err
 			}
 		}
-		if err := r.decodeChangeOp(opLink); err != nil {
+		sci, dci, err := r.decodeChangeOp(opRename)
+		if err != nil {
 			return err
 		}
+		src.setInfo(sci)
+		dst.setInfo(dci)
+		dst.AttrOK = r.decodePostOpAttr(&dst.Attr)
+		if dst.AttrOK && r.voidOp(opRestoreFH) == nil {
+			src.AttrOK = r.decodePostOpAttr(&src.Attr)
+		}
+		return nil
+	})
+	return src, dst, err
+}
+
+// Link makes a hard link dir/name to the file fh and returns its new
+// attributes (the link count changed) and what the link did to dir.
+func (c *Client) Link(ctx context.Context, cred oncrpc.Credential, fh, dir []byte, name string) (Attr, DirChange, error) {
+	var a Attr
+	var dc DirChange
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.saveFH()
+		cp.putFH(dir)
+		cp.link(name)
+		cp.restoreFH()
+		cp.getAttr(fileAttrs)
+		cp.putFH(dir)
+		cp.getAttr(fileAttrs)
+	}, func(r *results) error {
+		for _, op := range []uint32{opPutFH, opSaveFH, opPutFH} {
+			if err := r.voidOp(op); err != nil {
+				return err
+			}
+		}
+		ci, _, err := r.decodeChangeOp(opLink)
+		if err != nil {
+			return err
+		}
+		dc.setInfo(ci)
 		if err := r.voidOp(opRestoreFH); err != nil {
 			return err
 		}
-		return r.decodeGetAttr(&a)
+		if err := r.decodeGetAttr(&a); err != nil {
+			return err
+		}
+		if r.voidOp(opPutFH) == nil {
+			dc.AttrOK = r.decodePostOpAttr(&dc.Attr)
+		}
+		return nil
 	})
-	return a, err
+	return a, dc, err
 }
 
 // Readlink returns the target of the symbolic link fh.

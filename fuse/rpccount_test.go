@@ -1,0 +1,165 @@
+package fuse_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/fuse"
+	"github.com/rdmafs/rdmafs/internal/testpeer"
+)
+
+// opCounts is the COMPOUNDs a mount sent, by main operation.
+type opCounts map[string]uint64
+
+func countOps(m *fuse.Mount) opCounts {
+	ops, _ := m.FS.Client().Snapshot()
+	c := opCounts{}
+	for _, o := range ops {
+		c[o.Op] = o.Count
+	}
+	return c
+}
+
+// since returns c minus before, without zero entries.
+func (c opCounts) since(before opCounts) opCounts {
+	d := opCounts{}
+	for op, n := range c {
+		if k := n - before[op]; k != 0 {
+			d[op] = k
+		}
+	}
+	return d
+}
+
+func (c opCounts) total() uint64 {
+	var t uint64
+	for _, n := range c {
+		t += n
+	}
+	return t
+}
+
+// waitOps waits until m has sent at least n COMPOUNDs of op since
+// before: the kernel sends RELEASE (our CLOSE) after close(2) returns.
+// The deadline only catches a CLOSE that never comes.
+func waitOps(t *testing.T, m *fuse.Mount, before opCounts, op string, n uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); countOps(m).since(before)[op] < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %d %s COMPOUNDs: %v", n, op, countOps(m).since(before))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// tcpPeers are the servers over TCP: counting COMPOUNDs does not depend
+// on the transport.
+func tcpPeers(t *testing.T, f func(t *testing.T, p peer)) {
+	t.Run("knfsd", func(t *testing.T) {
+		k := testpeer.RequireKnfsd(t)
+		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", limitsOf: "knfsd"})
+	})
+	t.Run("ganesha", func(t *testing.T) {
+		g := testpeer.RequireGanesha(t)
+		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export, limitsOf: "ganesha"})
+	})
+}
+
+// TestSmallFileRPCs counts the COMPOUNDs of the small-file and metadata
+// steps of tar x, ls -l and rm -rf. The bounds come from the protocol,
+// with the Linux client as the bar:
+//
+//   - creating and writing a small file is OPEN(create) + WRITE + CLOSE,
+//     as on Linux, plus the LOOKUP the kernel sends before a FUSE
+//     create (Linux's atomic_open sends none): the directory's
+//     attributes come back in the OPEN's COMPOUND, so the kernel's
+//     permission check of the directory for the next create sends no
+//     GETATTR, and the flush's WRITE brings the file's;
+//   - chmod, chown and utimes are one SETATTR each, with no GETATTR;
+//   - listing a cold directory is READDIRs only: no LOOKUP or GETATTR
+//     per entry (READDIR's attributes fill the kernel's cache);
+//   - rm -rf is one REMOVE per entry plus the READDIR, with no GETATTR
+//     of the directory between REMOVEs.
+func TestSmallFileRPCs(t *testing.T) {
+	tcpPeers(t, func(t *testing.T, p peer) {
+		mnt, m := mountPeer(t, p, fuse.Options{})
+		top := freshDir(t, mnt)
+		data := bytes.Repeat([]byte("rdmafs small-file workload\n"), 80)
+
+		before := countOps(m)
+		d := filepath.Join(top, "d")
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// The LOOKUP of "d" before the mkdir is the kernel's.
+		if got := countOps(m).since(before); got["CREATE"] != 1 || got["LOOKUP"] != 1 || got.total() != 2 {
+			t.Errorf("mkdir: %v, want LOOKUP=1 CREATE=1 only", got)
+		}
+
+		const files = 8
+		for i := range files {
+			before := countOps(m)
+			name := filepath.Join(d, fmt.Sprintf("f%d.c", i))
+			f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Write(data); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			waitOps(t, m, before, "CLOSE", 1)
+			if got := countOps(m).since(before); got["OPEN"] != 1 || got["WRITE"] != 1 || got["CLOSE"] != 1 || got["LOOKUP"] != 1 || got.total() != 4 {
+				t.Errorf("file %d: create+write+close took %v, want LOOKUP=1 OPEN=1 WRITE=1 CLOSE=1 only", i, got)
+			}
+
+			before = countOps(m)
+			if err := os.Chmod(name, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(name, os.Getuid(), os.Getgid()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(name, time.Unix(1e9, 0), time.Unix(1e9, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if got := countOps(m).since(before); got["SETATTR"] != 3 || got.total() != 3 {
+				t.Errorf("file %d: chmod, chown, utimes took %v, want SETATTR=3 only", i, got)
+			}
+		}
+
+		// A second mount lists the directory cold, then removes it.
+		mnt2, m2 := mountPeer(t, p, fuse.Options{})
+		d2 := filepath.Join(mnt2, filepath.Base(top), "d")
+		if _, err := os.Stat(d2); err != nil {
+			t.Fatal(err)
+		}
+		before = countOps(m2)
+		out, err := exec.Command("ls", "-l", d2).CombinedOutput()
+		if err != nil || bytes.Count(out, []byte(".c\n")) != files {
+			t.Fatalf("ls -l: %v:\n%s", err, out)
+		}
+		if got := countOps(m2).since(before); got["READDIR"] < 1 || got.total() != got["READDIR"] {
+			t.Errorf("ls -l of %d entries: %v, want READDIRs only", files, got)
+		}
+
+		before = countOps(m2)
+		if out, err := exec.Command("rm", "-rf", d2).CombinedOutput(); err != nil {
+			t.Fatalf("rm -rf: %v: %s", err, out)
+		}
+		got := countOps(m2).since(before)
+		// The GETATTRs are of the directory, before and after rm reads
+		// it (READDIR moves its atime, which Linux revalidates too):
+		// a few per directory, none per entry.
+		if got["REMOVE"] != files+1 || got["GETATTR"] > 3 || got["LOOKUP"] != 0 || got.total() > files+1+got["READDIR"]+3 {
+			t.Errorf("rm -rf of %d files and their directory: %v, want REMOVE=%d, the READDIRs and at most 3 GETATTRs", files, got, files+1)
+		}
+	})
+}
