@@ -129,7 +129,10 @@ func StopAll() error {
 // It parses flags, runs the tests, stops every server started by
 // RequireKnfsd/RequireGanesha and exits with the tests' status. On SIGINT
 // or SIGTERM it stops the servers and exits too.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main without the exit: it returns the exit code.
+func Run(m *testing.M) int {
 	flag.Parse()
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -149,5 +152,5 @@ func Main(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
