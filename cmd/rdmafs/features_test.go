@@ -346,3 +346,27 @@ func TestSoftTimeout(t *testing.T) {
 		exec.Command("fusermount3", "-u", "-z", mnt).Run()
 	})
 }
+
+// TestStatsDirGetattrsCached checks that "rdmafs stats" counts the
+// directory GETATTRs the mount answered from the attributes its own
+// CREATE or OPEN(create) returned (the kernel asks for the directory's
+// attributes again after each change of it).
+func TestStatsDirGetattrsCached(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	host, port := splitAddr(t, g.Addr)
+	mnt := mount(t, peer{name: "ganesha", host: host, port: port, export: g.Export})
+	d := testDir(t, mnt)
+	sh(t, time.Minute, "cd "+d+" && for i in 1 2 3 4 5 6 7 8; do echo $i > f$i; done && ls -l >/dev/null")
+	out, code := runBin(t, time.Minute, "stats", mnt)
+	if code != 0 {
+		t.Fatalf("rdmafs stats: exit %d: %s", code, out)
+	}
+	_, rest, ok := strings.Cut(out, "dir_getattrs_cached=")
+	if !ok {
+		t.Fatalf("rdmafs stats has no dir_getattrs_cached:\n%s", out)
+	}
+	n, err := strconv.Atoi(strings.Fields(rest)[0])
+	if err != nil || n < 1 {
+		t.Fatalf("dir_getattrs_cached=%s after creating 8 files, want at least 1:\n%s", strings.Fields(rest)[0], out)
+	}
+}
