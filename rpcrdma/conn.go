@@ -435,12 +435,9 @@ type recvHandlerSetter interface {
 // startReceiving takes in receive completions: by handler where the
 // queue pair offers one, else by polling in recvLoop.
 func (c *conn) startReceiving() {
-	if hs, ok := c.qp.(recvHandlerSetter); ok {
+	if hs, ok := c.qp.(recvHandlerSetter); ok && hs.SetRecvHandler(c.onRecv) == nil {
 		c.byHandler = true
-		if hs.SetRecvHandler(c.onRecv) == nil {
-			return
-		}
-		c.byHandler = false
+		return
 	}
 	go c.recvLoop()
 }

@@ -41,9 +41,11 @@ type recvDelivery struct {
 //     call at a time, in completion order. It runs in the provider's
 //     receiving goroutine after the message is fully placed (and a
 //     Send With Invalidate's STag invalidated), with no provider lock
-//     held; or, for completions queued meanwhile, in the goroutine
-//     delivering when they came (SetRecvHandler's caller, or one posting
-//     a receive after the queue pair broke).
+//     held; completions that come during a call are delivered after it
+//     by the goroutine making it. The completions found in the receive
+//     CQ are delivered in SetRecvHandler's caller; the flush of a
+//     receive posted after the queue pair broke in a goroutine of its
+//     own, never in the posting one.
 //   - h may post sends and receives and invalidate memory: nothing of
 //     the queue pair is being placed while it runs, and a completion
 //     produced within h is delivered after h returns. h must not call
@@ -108,6 +110,25 @@ func (q *QP) deliverRecvLocked(cs ...verbs.Completion) {
 	}
 	q.rd.busy = true
 	q.deliverLocked()
+}
+
+// flushPosted completes a receive posted after the receive side exited.
+// A handler is not called in the posting goroutine, which may hold a lock
+// the handler takes (a receive handler's own posts queue their flushes:
+// rd.busy); a goroutine of its own delivers.
+func (q *QP) flushPosted(c verbs.Completion) {
+	q.hmu.Lock()
+	if q.rd.h == nil || q.rd.busy {
+		q.deliverRecvLocked(c)
+		return
+	}
+	q.rd.queue = append(q.rd.queue, c)
+	q.rd.busy = true
+	q.hmu.Unlock()
+	go func() {
+		q.hmu.Lock()
+		q.deliverLocked()
+	}()
 }
 
 // deliverLocked calls the handler for the queued completions, without

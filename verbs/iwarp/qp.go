@@ -278,7 +278,7 @@ func (q *QP) PostRecv(wr verbs.RecvWR) error {
 	q.mu.Lock()
 	if q.rxExited {
 		q.mu.Unlock()
-		q.deliverRecv(verbs.Completion{WRID: wr.WRID, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
+		q.flushPosted(verbs.Completion{WRID: wr.WRID, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
 		return nil
 	}
 	q.rq.push(recvEntry{wrid: wr.WRID, buf: buf})
