@@ -79,7 +79,7 @@ func (c *conn) backwardError(h *Header, code, low, high uint32) {
 	_, err := c.postHeaderLocked(&eh)
 	c.mu.Unlock()
 	if err != nil {
-		c.fail(fmt.Errorf("%w: backward call xid %#x: cannot send RDMA_ERROR: %w", oncrpc.ErrConnection, h.XID, err))
+		c.failRx(fmt.Errorf("%w: backward call xid %#x: cannot send RDMA_ERROR: %w", oncrpc.ErrConnection, h.XID, err))
 	}
 	c.releaseSlot()
 }

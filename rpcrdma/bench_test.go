@@ -49,6 +49,9 @@ func benchTransports(b *testing.B) map[string]benchTransport {
 	}
 	rbufs.pool = resp.Buffers()
 	rtr := NewTransport(resp.Addr(), Config{Provider: &iwarp.Provider{}})
+	// The same over a provider that hides its receive handler: the
+	// requester polls its receive CQ (BenchmarkRatioReceive).
+	ptr := NewTransport(resp.Addr(), Config{Provider: pollingProvider{&iwarp.Provider{}}})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -57,6 +60,7 @@ func benchTransports(b *testing.B) map[string]benchTransport {
 	ttr := oncrpc.NewTCPTransport(ln.Addr().String(), oncrpc.TCPOptions{})
 	b.Cleanup(func() {
 		rtr.Close()
+		ptr.Close()
 		resp.Close()
 		ttr.Close()
 		ln.Close()
@@ -64,6 +68,8 @@ func benchTransports(b *testing.B) map[string]benchTransport {
 	return map[string]benchTransport{
 		"rdma": {clnt: oncrpc.NewClient(rtr, echoProg, 1, oncrpc.ClientOptions{}), buf: slabBuf(rtr)},
 		"tcp":  {clnt: oncrpc.NewClient(ttr, echoProg, 1, oncrpc.ClientOptions{}), buf: heapBuf},
+		// Only for BenchmarkRatioReceive (not in the sub-benchmarks).
+		"rdma-poll": {clnt: oncrpc.NewClient(ptr, echoProg, 1, oncrpc.ClientOptions{}), buf: slabBuf(ptr)},
 	}
 }
 
@@ -108,6 +114,9 @@ func source(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, dest []byte) 
 
 func BenchmarkWrite1MiB(b *testing.B) {
 	for name, bt := range benchTransports(b) {
+		if name == "rdma-poll" {
+			continue
+		}
 		b.Run(name, func(b *testing.B) {
 			data := bt.buf(b, 1<<20)
 			copy(data, pattern(1<<20))
@@ -125,6 +134,9 @@ func BenchmarkWrite1MiB(b *testing.B) {
 
 func BenchmarkRead1MiB(b *testing.B) {
 	for name, bt := range benchTransports(b) {
+		if name == "rdma-poll" {
+			continue
+		}
 		b.Run(name, func(b *testing.B) {
 			dest := bt.buf(b, 1<<20)
 			var e xdr.Encoder
@@ -142,6 +154,9 @@ func BenchmarkRead1MiB(b *testing.B) {
 // BenchmarkRead4KiB measures small READ round trips, one at a time.
 func BenchmarkRead4KiB(b *testing.B) {
 	for name, bt := range benchTransports(b) {
+		if name == "rdma-poll" {
+			continue
+		}
 		b.Run(name, func(b *testing.B) {
 			dest := bt.buf(b, 4096)
 			var e xdr.Encoder
@@ -193,6 +208,52 @@ func BenchmarkRatio1MiB(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(spent[1])/float64(spent[0]), "rdma/tcp")
+		})
+	}
+}
+
+// BenchmarkRatioReceive alternates calls over RDMA with replies taken in
+// the provider's receiving goroutine (receive handler), over RDMA with
+// the receive CQ polled (the fallback), and over TCP, one of each per
+// iteration in turns, and reports each RDMA variant's throughput over
+// TCP's (as BenchmarkRatio1MiB): 4 KiB and 1 MiB READs, 1 MiB WRITEs.
+//
+//	go test -run '^$' -bench RatioReceive ./rpcrdma
+func BenchmarkRatioReceive(b *testing.B) {
+	bts := benchTransports(b)
+	for _, tc := range []struct {
+		name string
+		size int
+	}{{"read4KiB", 4 << 10}, {"read1MiB", 1 << 20}, {"write1MiB", 1 << 20}} {
+		b.Run(tc.name, func(b *testing.B) {
+			trs := [3]benchTransport{bts["tcp"], bts["rdma"], bts["rdma-poll"]}
+			var bufs [3][]byte
+			for i, bt := range trs {
+				bufs[i] = bt.buf(b, tc.size)
+				copy(bufs[i], pattern(tc.size))
+			}
+			var e xdr.Encoder
+			var spent [3]time.Duration
+			b.SetBytes(int64(3 * tc.size))
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				for k := range 3 {
+					j := (i + k) % 3
+					start := time.Now()
+					var err error
+					if tc.name == "write1MiB" {
+						err = sink(b.Context(), trs[j].clnt, &e, bufs[j])
+					} else {
+						err = source(b.Context(), trs[j].clnt, &e, bufs[j])
+					}
+					spent[j] += time.Since(start)
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(spent[0])/float64(spent[1]), "handler/tcp")
+			b.ReportMetric(float64(spent[0])/float64(spent[2]), "poll/tcp")
 		})
 	}
 }

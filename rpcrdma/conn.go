@@ -53,6 +53,10 @@ type conn struct {
 	// being served or answered, up to the slots we offered (RFC 8167
 	// s4.1; the back channel's credits).
 	bcSlots chan struct{}
+
+	// byHandler: receive completions come to onRecv by a receive
+	// handler, not by recvLoop (set before they come).
+	byHandler bool
 }
 
 type recvState uint8
@@ -158,7 +162,7 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 	}
 	t.tracef(trace.RDMA, "connect %s: peer private data found=%v send=%d recv=%d inv=%v; ours send=%d recv=%d credits=%d crc=%v version=%s",
 		t.addr, found, peer.InlineSend, peer.InlineRecv, peer.RemoteInvalidate, c.neg.sendSize, c.recvSize, t.cfg.Credits, qp.CRC(), c.neg.state())
-	go c.recvLoop()
+	c.startReceiving()
 	go c.sendLoop()
 	go func() {
 		select {
@@ -241,17 +245,44 @@ func (c *conn) isDead() bool {
 // invalidated, and the queue pair is closed. A new connection will be
 // made for later calls, with fresh registrations.
 func (c *conn) fail(err error) {
-	c.mu.Lock()
-	if c.err != nil {
-		c.mu.Unlock()
+	pending, first := c.markFailed(err)
+	if !first {
 		<-c.qpClosed
 		return
 	}
+	c.teardown(err, pending)
+}
+
+// failRx is fail on the receive path, which may run in the provider's
+// receiving goroutine (a receive handler): closing the queue pair waits
+// for that goroutine, so the queue pair is closed, and the calls' memory
+// invalidated, by another goroutine. The connection takes no reply once
+// failRx returns.
+func (c *conn) failRx(err error) {
+	if pending, first := c.markFailed(err); first {
+		go c.teardown(err, pending)
+	}
+}
+
+// markFailed records err as the reason the connection ended and takes
+// the calls waiting; first is false if it had ended already.
+func (c *conn) markFailed(err error) (pending map[uint32]*req, first bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return nil, false
+	}
 	c.err = err
-	pending := c.pending
+	pending = c.pending
 	c.pending = nil
 	close(c.dead)
 	close(c.wake)
+	return pending, true
+}
+
+// teardown is the rest of fail, once markFailed took the calls.
+func (c *conn) teardown(err error, pending map[uint32]*req) {
+	c.mu.Lock()
 	v1Only := c.neg.lostDuringNegotiation()
 	c.mu.Unlock()
 	if v1Only {
@@ -388,6 +419,29 @@ func (c *conn) sendLoop() {
 	}
 }
 
+// recvHandlerSetter is a queue pair that can hand each receive
+// completion to a handler in the goroutine that received the message
+// (verbs/iwarp), instead of queueing it for recvLoop: a reply then wakes
+// its caller straight from the provider's receiving goroutine, one
+// goroutine hand-off (a wake of another thread) less per message. The
+// handler runs one call at a time, in completion order, after the
+// message is placed and with no provider lock held; it may post and
+// invalidate, must not close the queue pair (failRx) and must not block
+// for long.
+type recvHandlerSetter interface {
+	SetRecvHandler(h func(verbs.Completion)) error
+}
+
+// startReceiving takes in receive completions: by handler where the
+// queue pair offers one, else by polling in recvLoop.
+func (c *conn) startReceiving() {
+	if hs, ok := c.qp.(recvHandlerSetter); ok && hs.SetRecvHandler(c.onRecv) == nil {
+		c.byHandler = true
+		return
+	}
+	go c.recvLoop()
+}
+
 func (c *conn) recvLoop() {
 	var wc [32]verbs.Completion
 	for {
@@ -396,24 +450,36 @@ func (c *conn) recvLoop() {
 			return
 		}
 		for _, w := range wc[:n] {
-			if w.Status != verbs.StatusSuccess {
-				c.fail(fmt.Errorf("%w: receive completion %v (%v)", oncrpc.ErrConnection, w.Status, c.qp.Err()))
-				continue
-			}
-			if w.WRID >= uint64(len(c.recvBufs)) {
-				continue
-			}
-			i := int(w.WRID)
-			withInv := w.Opcode == verbs.OpRecvWithInvalidate
-			if c.receive(i, c.recvBufs[i][:w.ByteLen], w.InvalidatedSTag, withInv) {
-				continue // lent with a reply; a spare was posted
-			}
-			c.mu.Lock()
-			err := c.postRecv(c.qp, i)
-			c.mu.Unlock()
-			if err != nil {
-				c.fail(fmt.Errorf("%w: repost receive: %w", oncrpc.ErrConnection, err))
-			}
+			c.onRecv(w)
 		}
+	}
+}
+
+// onRecv handles one receive completion: the message, then the buffer is
+// posted again unless it was lent with a reply.
+func (c *conn) onRecv(w verbs.Completion) {
+	if w.Status != verbs.StatusSuccess {
+		c.failRx(fmt.Errorf("%w: receive completion %v (%v)", oncrpc.ErrConnection, w.Status, c.qp.Err()))
+		return
+	}
+	if w.WRID >= uint64(len(c.recvBufs)) {
+		return
+	}
+	i := int(w.WRID)
+	withInv := w.Opcode == verbs.OpRecvWithInvalidate
+	if c.receive(i, c.recvBufs[i][:w.ByteLen], w.InvalidatedSTag, withInv) {
+		return // lent with a reply; a spare was posted
+	}
+	c.mu.Lock()
+	if c.err != nil {
+		// Failed: the buffer goes back to the pool with the others
+		// once the queue pair is closed (putRecvBufs).
+		c.mu.Unlock()
+		return
+	}
+	err := c.postRecv(c.qp, i)
+	c.mu.Unlock()
+	if err != nil {
+		c.failRx(fmt.Errorf("%w: repost receive: %w", oncrpc.ErrConnection, err))
 	}
 }

@@ -310,7 +310,7 @@ const invalidateWait = 2 * time.Second
 // outlives connections: its buffers are withdrawn for good and the
 // transport refuses further calls (ErrExposed).
 func (r *req) invalidate(c *conn) error {
-	return r.invalidateFirst(c, len(r.regs), false)
+	return r.invalidateFirst(c, len(r.regs), false, false)
 }
 
 // maxRegs stands for "every exposure" in readFrom.
@@ -320,8 +320,10 @@ const maxRegs = 1 << 30
 // with n >= len(r.regs)); the others stay, first in r.regs. With busy
 // set the exposures are likely still in use by the provider (a Read
 // chunk whose Read Response it has just sent): the bounded wait starts
-// at once, without a no-wait attempt that would fail.
-func (r *req) invalidateFirst(c *conn, n int, busy bool) error {
+// at once, without a no-wait attempt that would fail. With rx set it
+// runs on the receive path, maybe in the provider's receiving goroutine
+// (recvHandlerSetter), which closing the queue pair would wait for.
+func (r *req) invalidateFirst(c *conn, n int, busy, rx bool) error {
 	n = min(n, len(r.regs))
 	var first error
 	known := true // every Write chunk segment's placed count is known
@@ -358,8 +360,15 @@ func (r *req) invalidateFirst(c *conn, n int, busy bool) error {
 		}
 		if err != nil {
 			c.t.tracef(trace.RDMA, "xid=%#x: %v: closing the connection", r.xid, err)
-			c.qp.Close()
-			go c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
+			if rx {
+				// The close stops the placement all the same
+				// (not this goroutine's: it places nothing while
+				// the reply is handled); Invalidate waits for it.
+				c.failRx(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
+			} else {
+				c.qp.Close()
+				go c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
+			}
 			if err := reg.Invalidate(context.Background()); err != nil {
 				r.exposed = true
 				c.t.disable(fmt.Errorf("%w: xid %#x: %w", ErrExposed, r.xid, err))

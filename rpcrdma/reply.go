@@ -72,7 +72,7 @@ func (c *conn) drop(format string, args ...any) {
 // calls in flight are retransmitted on a new connection.
 func (c *conn) badInvalidate(inv, xid uint32) {
 	c.t.stats.invViolations.Add(1)
-	c.fail(fmt.Errorf("%w: Send With Invalidate of STag %#x, which xid %#x did not offer", oncrpc.ErrConnection, inv, xid))
+	c.failRx(fmt.Errorf("%w: Send With Invalidate of STag %#x, which xid %#x did not offer", oncrpc.ErrConnection, inv, xid))
 }
 
 // receiveReply handles a message that answers a forward call (or one of
@@ -147,7 +147,7 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	// the caller's to invalidate before the call returns (conn.send):
 	// its provider may still be finishing the RDMA Read response, and
 	// this loop need not wait for that.
-	invErr := r.invalidateFirst(c, r.readFrom, false)
+	invErr := r.invalidateFirst(c, r.readFrom, false, true)
 	if invErr != nil {
 		if lend {
 			c.returnRecv(i)

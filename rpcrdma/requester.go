@@ -280,7 +280,7 @@ func (c *conn) send(ctx context.Context, r *req) error {
 		// the connection is closed and the call fails (s4.5.4). The
 		// provider usually has yet to end its Read Response access
 		// when the reply comes.
-		if err := r.invalidateFirst(c, len(r.regs), true); err != nil && r.err == nil {
+		if err := r.invalidateFirst(c, len(r.regs), true, false); err != nil && r.err == nil {
 			if r.reply != nil {
 				r.reply.Release()
 				r.reply = nil

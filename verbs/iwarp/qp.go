@@ -65,6 +65,7 @@ type QP struct {
 	w        fpduWriter
 	pd       *verbs.ProtectionDomain
 	scq, rcq *verbs.SoftCQ
+	ownRCQ   bool // rcq is the queue pair's own (SetRecvHandler)
 	crc      bool
 	ird, ord int
 	maxULPDU int
@@ -108,6 +109,10 @@ type QP struct {
 	handoffs    atomic.Int32  // direct posts whose write the tx goroutine finished
 	kick        bool          // active side: run kickLoop after the first transmission
 	kickStarted bool          // owned by the transmit side's owner
+	// Delivery of receive completions (handler.go).
+	hmu sync.Mutex
+	rd  recvDelivery
+
 	// onPlace and onServe, set before the queue pair starts (Setup),
 	// run when a tagged placement or a Read Response has its region.
 	onPlace, onServe func()
@@ -144,7 +149,7 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 		q.scq = verbs.NewSoftCQ()
 	}
 	if q.rcq == nil {
-		q.rcq = verbs.NewSoftCQ()
+		q.rcq, q.ownRCQ = verbs.NewSoftCQ(), true
 	}
 	q.cond.L = &q.mu
 	q.w.init(conn, n.crc)
@@ -165,10 +170,12 @@ func (q *QP) start() {
 // Setup posted.
 func (q *QP) abort(err error) {
 	q.setErr(err)
+	q.hmu.Lock()
 	q.mu.Lock()
 	q.rxExited, q.txExited = true, true
-	q.flushRecvLocked(verbs.StatusFlushed)
+	flushed := q.flushRecvLocked(verbs.StatusFlushed)
 	q.mu.Unlock()
+	q.deliverRecvLocked(flushed...)
 	q.closeOnce.Do(func() {})
 }
 
@@ -269,12 +276,13 @@ func (q *QP) PostRecv(wr verbs.RecvWR) error {
 		return fmt.Errorf("iwarp: post receive: %w: %w", verbs.ErrInvalidWR, err)
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.rxExited {
-		q.rcq.Push(verbs.Completion{WRID: wr.WRID, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
+		q.mu.Unlock()
+		q.flushPosted(verbs.Completion{WRID: wr.WRID, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
 		return nil
 	}
 	q.rq.push(recvEntry{wrid: wr.WRID, buf: buf})
+	q.mu.Unlock()
 	return nil
 }
 
@@ -342,11 +350,14 @@ func (q *QP) flushSendLocked() {
 
 // flushRecvLocked, run by the exiting rx goroutine, flushes posted
 // receives and the outbound reads awaiting responses. The first
-// outstanding read gets st; the others are flushed.
-func (q *QP) flushRecvLocked(st verbs.Status) {
+// outstanding read gets st; the others are flushed. It returns the
+// receive completions, for deliverFlushed once mu is released (a
+// receive handler may post).
+func (q *QP) flushRecvLocked(st verbs.Status) []verbs.Completion {
+	var flushed []verbs.Completion
 	for q.rq.len() > 0 {
 		e := q.rq.pop()
-		q.rcq.Push(verbs.Completion{WRID: e.wrid, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
+		flushed = append(flushed, verbs.Completion{WRID: e.wrid, Status: verbs.StatusFlushed, Opcode: verbs.OpRecv})
 	}
 	for q.orq.len() > 0 {
 		r := q.orq.pop()
@@ -362,6 +373,7 @@ func (q *QP) flushRecvLocked(st verbs.Status) {
 		q.flushSendLocked()
 	}
 	q.releaseLocked()
+	return flushed
 }
 
 // CopiedBytes returns how many received tagged payload bytes (RDMA Write

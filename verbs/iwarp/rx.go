@@ -109,10 +109,12 @@ func (q *QP) rxLoop() {
 		<-q.termWritten
 	}
 	_ = q.conn.Close()
+	q.hmu.Lock()
 	q.mu.Lock()
 	q.rxExited = true
-	q.flushRecvLocked(readStatus)
+	flushed := q.flushRecvLocked(readStatus)
 	q.mu.Unlock()
+	q.deliverRecvLocked(flushed...)
 }
 
 // fault builds an rxFault for the current FPDU.
@@ -455,7 +457,7 @@ func (q *QP) rxSend(rs *rxState, h *ddpHeader, n int) error {
 		q.mu.Lock()
 		q.rq.pop()
 		q.mu.Unlock()
-		q.rcq.Push(verbs.Completion{WRID: rs.cur.wrid, Status: verbs.StatusLocalLengthErr, Opcode: verbs.OpRecv})
+		q.deliverRecv(verbs.Completion{WRID: rs.cur.wrid, Status: verbs.StatusLocalLengthErr, Opcode: verbs.OpRecv})
 		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUTooLong, fmt.Errorf("iwarp: Send of at least %d bytes into %d-byte buffer", uint64(h.mo)+uint64(n), size))
 	}
 	if err := q.place(rs, rs.cur.buf[h.mo:h.mo+uint32(n)]); err != nil {
@@ -482,7 +484,9 @@ func (q *QP) rxSend(rs *rxState, h *ddpHeader, n int) error {
 	q.mu.Unlock()
 	rs.active = false
 	rs.sendMSN++
-	q.rcq.Push(c)
+	// The message is placed and no placement state is held: a
+	// receive handler may invalidate memory and post (handler.go).
+	q.deliverRecv(c)
 	return nil
 }
 
