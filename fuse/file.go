@@ -21,7 +21,8 @@ const writesInFlight = 8
 // file is an open regular file: NFSv4.1 OPEN state (one open-owner per
 // FUSE open, so closing one never drops another's share reservation) and
 // a write buffer that coalesces sequential writes into wsize UNSTABLE
-// WRITEs, committed on flush (close) and fsync.
+// WRITEs, committed on flush (close) and fsync, and in the background
+// every Options.CommitEvery bytes.
 type file struct {
 	n      *node
 	of     *nfsclient.OpenFile
@@ -291,6 +292,7 @@ func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 	}
 	if h.w == nil {
 		h.w = f.c.NewUnstableWriter(h.cred, h.of, writesInFlight)
+		h.w.CommitEvery(f.opts.CommitEvery)
 	}
 	if len(h.wb.b) > 0 && uint64(off) != h.bufOff+uint64(len(h.wb.b)) {
 		h.sendLocked()
