@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"context"
+	"sync"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 )
@@ -51,6 +52,33 @@ func (r *slabResult) Done() {
 type writeBuffer struct {
 	b    []byte // len: bytes buffered; cap: room
 	pool BufferPool
+	heap *heapBuffers // where ordinary memory of the recycled size goes back
+}
+
+// heapBuffers recycles the ordinary-memory write-back buffers of one
+// size (wsize) once the UnstableWriter gives them back: a large write
+// would otherwise allocate, and have the runtime zero, a fresh wsize
+// buffer for every wsize of data, and leave the garbage collector the
+// old ones.
+type heapBuffers struct {
+	size int
+	p    sync.Pool // of *[]byte with cap size
+}
+
+func (hb *heapBuffers) get(n int) []byte {
+	if n == hb.size {
+		if b, ok := hb.p.Get().(*[]byte); ok {
+			return (*b)[:0]
+		}
+	}
+	return make([]byte, 0, n)
+}
+
+func (hb *heapBuffers) put(b []byte) {
+	if cap(b) == hb.size {
+		b = b[:0]
+		hb.p.Put(&b)
+	}
 }
 
 // newWriteBuffer returns an empty buffer with room for n bytes.
@@ -60,7 +88,7 @@ func (f *FS) newWriteBuffer(n int) writeBuffer {
 			return writeBuffer{b: b[:0], pool: p}
 		}
 	}
-	return writeBuffer{b: make([]byte, 0, n)}
+	return writeBuffer{b: f.heap.get(n), heap: &f.heap}
 }
 
 // newWriteBufferLocked is newWriteBuffer for h: when the pool is used up
@@ -85,11 +113,17 @@ func (h *file) newWriteBufferLocked(ctx context.Context, n int) writeBuffer {
 	return wb
 }
 
-// release returns a pool buffer; the caller no longer uses b.
+// release returns the function that gives the buffer back to where it
+// came from, nil if it goes to the garbage collector; the caller no
+// longer uses b once that has run.
 func (w writeBuffer) release() func() {
-	if w.pool == nil {
-		return nil
+	if w.pool != nil {
+		p, b := w.pool, w.b[:cap(w.b)]
+		return func() { p.Put(b) }
 	}
-	p, b := w.pool, w.b[:cap(w.b)]
-	return func() { p.Put(b) }
+	if w.heap != nil && cap(w.b) == w.heap.size {
+		hb, b := w.heap, w.b
+		return func() { hb.put(b) }
+	}
+	return nil
 }

@@ -148,6 +148,8 @@ type FS struct {
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
 
+	heap heapBuffers // recycled write-back buffers (buffers.go)
+
 	// Stats are the FUSE layer's counters.
 	Stats Counters
 }
@@ -171,6 +173,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		writers: make(map[uint64]map[*file]struct{}),
 	}
 	f.closed = sync.NewCond(&f.mu)
+	f.heap.size = c.WSize()
 	c.SetRecallHandler(f.recall)
 	f.bg, f.bgCancel = context.WithCancel(context.Background())
 	cred := c.Cred(0, 0, nil)
