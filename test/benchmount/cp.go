@@ -52,8 +52,8 @@ func removeSources() {
 
 // runCp times cp(1) of a sizeMiB file into s.dir (wall time up to cp's
 // exit, so the close and its COMMIT count) or out of it to a local file,
-// after dropping the mount's cached pages of it. cp in leaves the file
-// for cp out, which removes it.
+// after dropping the mount's cached pages of it. cp in makes the file
+// afresh each round; cp out copies the last one made.
 func runCp(s side, j job) (sample, error) {
 	src, err := localSource(j.sizeMiB)
 	if err != nil {
@@ -64,10 +64,11 @@ func runCp(s side, j job) (sample, error) {
 	// The fio jobs, which run first, are done with their file: a
 	// small export (knfsd's tmpfs) need not hold both.
 	os.Remove(filepath.Join(s.dir, "benchfile"))
-	if j.cp == cpOut {
+	if j.cp == cpIn {
+		os.Remove(remote)
+	} else {
 		local := src + ".out"
 		defer os.Remove(local)
-		defer os.Remove(remote)
 		from, to = remote, local
 		if err := dropCache(remote); err != nil {
 			return sample{}, err
