@@ -281,7 +281,11 @@ func medians(a, b []sample, f func(sample) float64) (ma, mb, ratio float64) {
 }
 
 // printBuffered prints, for each side, buffered I/O over 1 MiB O_DIRECT
-// on the same mount: the median of the per-round ratios.
+// on the same mount: the median of the per-round ratios. The two sides
+// of a ratio are not alike in everything: fio's direct jobs end before
+// the close, so the COMMIT there is not in their time, while buffered
+// write (end_fsync) and cp in wait for the data to be on disk; cp out
+// also writes what it reads to a local file, in the same thread.
 func printBuffered(nameA, nameB string, rows []row) {
 	byName := map[string]row{}
 	for _, r := range rows {
