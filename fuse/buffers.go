@@ -47,6 +47,29 @@ func (r *slabResult) Done() {
 	}
 }
 
+// replyResult is a READ reply answered from the RPC reply's buffer
+// (nfsclient.Client.ReadInPlace): go-fuse writes it to the kernel with
+// writev from there and calls Done, which gives the buffer back.
+type replyResult struct {
+	data    []byte
+	release func()
+}
+
+var _ gofuse.ReadResult = (*replyResult)(nil)
+
+func (r *replyResult) Bytes([]byte) ([]byte, gofuse.Status) { return r.data, gofuse.OK }
+
+func (r *replyResult) Slices() ([][]byte, gofuse.Status) { return [][]byte{r.data}, gofuse.OK }
+
+func (r *replyResult) Size() int { return len(r.data) }
+
+func (r *replyResult) Done() {
+	if r.release != nil {
+		r.release()
+		r.release = nil
+	}
+}
+
 // writeBuffer is a file's write-back buffer: pool memory when the
 // transport has a pool, ordinary memory otherwise.
 type writeBuffer struct {
