@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"context"
+	"sync"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 )
@@ -46,11 +47,61 @@ func (r *slabResult) Done() {
 	}
 }
 
+// replyResult is a READ reply answered from the RPC reply's buffer
+// (nfsclient.Client.ReadInPlace): go-fuse writes it to the kernel with
+// writev from there and calls Done, which gives the buffer back.
+type replyResult struct {
+	data    []byte
+	release func()
+}
+
+var _ gofuse.ReadResult = (*replyResult)(nil)
+
+func (r *replyResult) Bytes([]byte) ([]byte, gofuse.Status) { return r.data, gofuse.OK }
+
+func (r *replyResult) Slices() ([][]byte, gofuse.Status) { return [][]byte{r.data}, gofuse.OK }
+
+func (r *replyResult) Size() int { return len(r.data) }
+
+func (r *replyResult) Done() {
+	if r.release != nil {
+		r.release()
+		r.release = nil
+	}
+}
+
 // writeBuffer is a file's write-back buffer: pool memory when the
 // transport has a pool, ordinary memory otherwise.
 type writeBuffer struct {
 	b    []byte // len: bytes buffered; cap: room
 	pool BufferPool
+	heap *heapBuffers // where ordinary memory of the recycled size goes back
+}
+
+// heapBuffers recycles the ordinary-memory write-back buffers of one
+// size (wsize) once the UnstableWriter gives them back: a large write
+// would otherwise allocate, and have the runtime zero, a fresh wsize
+// buffer for every wsize of data, and leave the garbage collector the
+// old ones.
+type heapBuffers struct {
+	size int
+	p    sync.Pool // of *[]byte with cap size
+}
+
+func (hb *heapBuffers) get(n int) []byte {
+	if n == hb.size {
+		if b, ok := hb.p.Get().(*[]byte); ok {
+			return (*b)[:0]
+		}
+	}
+	return make([]byte, 0, n)
+}
+
+func (hb *heapBuffers) put(b []byte) {
+	if cap(b) == hb.size {
+		b = b[:0]
+		hb.p.Put(&b)
+	}
 }
 
 // newWriteBuffer returns an empty buffer with room for n bytes.
@@ -60,7 +111,7 @@ func (f *FS) newWriteBuffer(n int) writeBuffer {
 			return writeBuffer{b: b[:0], pool: p}
 		}
 	}
-	return writeBuffer{b: make([]byte, 0, n)}
+	return writeBuffer{b: f.heap.get(n), heap: &f.heap}
 }
 
 // newWriteBufferLocked is newWriteBuffer for h: when the pool is used up
@@ -85,11 +136,17 @@ func (h *file) newWriteBufferLocked(ctx context.Context, n int) writeBuffer {
 	return wb
 }
 
-// release returns a pool buffer; the caller no longer uses b.
+// release returns the function that gives the buffer back to where it
+// came from, nil if it goes to the garbage collector; the caller no
+// longer uses b once that has run.
 func (w writeBuffer) release() func() {
-	if w.pool == nil {
-		return nil
+	if w.pool != nil {
+		p, b := w.pool, w.b[:cap(w.b)]
+		return func() { p.Put(b) }
 	}
-	p, b := w.pool, w.b[:cap(w.b)]
-	return func() { p.Put(b) }
+	if w.heap != nil && cap(w.b) == w.heap.size {
+		hb, b := w.heap, w.b
+		return func() { hb.put(b) }
+	}
+	return nil
 }

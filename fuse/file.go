@@ -21,7 +21,8 @@ const writesInFlight = 8
 // file is an open regular file: NFSv4.1 OPEN state (one open-owner per
 // FUSE open, so closing one never drops another's share reservation) and
 // a write buffer that coalesces sequential writes into wsize UNSTABLE
-// WRITEs, committed on flush (close) and fsync.
+// WRITEs, committed on flush (close) and fsync, and in the background
+// every Options.CommitEvery bytes.
 type file struct {
 	n      *node
 	of     *nfsclient.OpenFile
@@ -189,6 +190,9 @@ func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadRes
 			pool = nil
 		}
 	}
+	if pool == nil && len(dest) <= rsize {
+		return h.readInPlace(ctx, dest, off, start)
+	}
 	total, err := h.readChunks(ctx, buf, uint64(off), rsize)
 	if err != nil && total == 0 {
 		if pool != nil {
@@ -205,6 +209,36 @@ func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadRes
 		return &slabResult{pool: pool, buf: buf, n: total}, 0
 	}
 	return gofuse.ReadResultData(dest[:total]), 0
+}
+
+// readInPlace answers a READ of at most rsize from where the reply's data
+// arrived, without copying it into dest first; go-fuse writes it to the
+// kernel from there. A short READ that is not at EOF is finished in
+// dest, by copying.
+func (h *file) readInPlace(ctx context.Context, dest []byte, off int64, start time.Time) (gofuse.ReadResult, syscall.Errno) {
+	c := h.n.fsys.c
+	data, release, eof, err := c.ReadInPlace(ctx, h.cred, h.of.FH, h.of.StateID, uint64(off), dest)
+	if err != nil {
+		return nil, h.n.errno("READ", err)
+	}
+	var res gofuse.ReadResult = &replyResult{data: data, release: release}
+	total := len(data)
+	if total < len(dest) && total > 0 && !eof {
+		copy(dest, data)
+		if release != nil {
+			release()
+		}
+		// An error here leaves a short answer; the next READ reports it.
+		n, _ := h.readSeq(ctx, dest[total:], uint64(off)+uint64(total))
+		total += n
+		res = gofuse.ReadResultData(dest[:total])
+	}
+	h.n.fsys.Stats.Reads.Add(1)
+	h.n.fsys.Stats.ReadBytes.Add(uint64(total))
+	if h.n.fsys.tr.On(trace.FUSE) {
+		h.n.fsys.trace("READ ino=%d off=%d len=%d got=%d time=%v (in place)", h.n.StableAttr().Ino, off, len(dest), total, time.Since(start).Round(time.Microsecond))
+	}
+	return res, 0
 }
 
 // readChunks fills dest from off with READs of at most rsize bytes, sent
@@ -291,6 +325,7 @@ func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 	}
 	if h.w == nil {
 		h.w = f.c.NewUnstableWriter(h.cred, h.of, writesInFlight)
+		h.w.CommitEvery(f.opts.CommitEvery)
 	}
 	if len(h.wb.b) > 0 && uint64(off) != h.bufOff+uint64(len(h.wb.b)) {
 		h.sendLocked()

@@ -54,6 +54,11 @@ type Options struct {
 	// MaxIO is the largest FUSE READ and WRITE (MaxWrite, max_read); zero
 	// means 1 MiB.
 	MaxIO int
+	// CommitEvery is how many bytes one open file writes unstable
+	// before a COMMIT goes out in the background (nfsclient
+	// UnstableWriter.CommitEvery); zero means 32 MiB, negative only at
+	// close and fsync.
+	CommitEvery int
 	// Buffers, if set, is the transport's registered memory: READ
 	// replies and write-back buffers are drawn from it so the data is
 	// not copied on its way to or from the wire.
@@ -84,7 +89,17 @@ func (o *Options) setDefaults() {
 	if o.MaxIO <= 0 {
 		o.MaxIO = 1 << 20
 	}
+	if o.CommitEvery == 0 {
+		o.CommitEvery = defaultCommitEvery
+	}
 }
+
+// defaultCommitEvery bounds the unstable data of one open file: a
+// sequential write of a large file has the server flush it to disk while
+// the rest arrives, as the Linux client's writeback COMMITs do, instead
+// of all of it in the COMMIT at close; and the data kept for a resend
+// (RFC 8881 s18.3.3) stays at most about twice this much.
+const defaultCommitEvery = 32 << 20
 
 // Counters are the FUSE layer's own statistics.
 type Counters struct {
@@ -133,6 +148,8 @@ type FS struct {
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
 
+	heap heapBuffers // recycled write-back buffers (buffers.go)
+
 	// Stats are the FUSE layer's counters.
 	Stats Counters
 }
@@ -156,6 +173,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		writers: make(map[uint64]map[*file]struct{}),
 	}
 	f.closed = sync.NewCond(&f.mu)
+	f.heap.size = c.WSize()
 	c.SetRecallHandler(f.recall)
 	f.bg, f.bgCancel = context.WithCancel(context.Background())
 	cred := c.Cred(0, 0, nil)

@@ -385,7 +385,11 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 			return &OpError{Op: "SEQUENCE", Status: st}
 		}
 		err = parse(&r)
-		rep.Release()
+		if err == nil && r.held != nil {
+			*r.held = rep.Release // the caller holds slices of the reply
+		} else {
+			rep.Release()
+		}
 		c.stats.copied.Add(uint64(r.copied))
 		c.traceCompound(cp, call, r.status, err, start)
 		c.stats.record(cp.ops, time.Since(start), call.Len(), err)

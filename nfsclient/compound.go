@@ -106,11 +106,14 @@ type results struct {
 	nplace int    // how many bytes it placed
 	dest   []byte // READ/READLINK destination
 	copied int    // READ data bytes copied from the reply into dest
+	// held, set by a parse that returns slices of the reply, receives
+	// the reply's release once the parse succeeded (Client.do).
+	held *func()
 }
 
 func (r *results) init(c *compound, rep *oncrpc.Reply) error {
 	r.d.Reset(rep.Results)
-	r.ops, r.i, r.placed, r.nplace, r.dest, r.copied = c.ops, 0, rep.BulkPlaced, rep.BulkLen, c.dest, 0
+	r.ops, r.i, r.placed, r.nplace, r.dest, r.copied, r.held = c.ops, 0, rep.BulkPlaced, rep.BulkLen, c.dest, 0, nil
 	r.status = Status(r.d.Uint32())
 	r.d.Opaque(maxTagLen)
 	r.nres = r.d.Length(maxCompoundOps)
@@ -361,6 +364,26 @@ func (r *results) decodeRead() (n int, eof bool, err error) {
 	copy(r.dest, data)
 	r.copied += n
 	return n, eof, nil
+}
+
+// decodeReadInPlace is decodeRead without the copy: data is in dest if
+// the transport placed it there, else where it is in the reply, whose
+// release goes to *held.
+func (r *results) decodeReadInPlace(held *func()) (data []byte, eof bool, err error) {
+	if r.placed {
+		n, eof, err := r.decodeRead()
+		return r.dest[:n], eof, err
+	}
+	if err := r.next(opRead); err != nil {
+		return nil, false, err
+	}
+	eof = r.d.Bool()
+	data = r.d.Opaque(len(r.dest))
+	if err := r.check(opRead); err != nil {
+		return nil, false, err
+	}
+	r.held = held
+	return data, eof, nil
 }
 
 func (c *compound) write(sid StateID, off uint64, stable Stable, data []byte) {

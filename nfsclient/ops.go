@@ -317,6 +317,26 @@ func (c *Client) Read(ctx context.Context, cred oncrpc.Credential, fh []byte, si
 	return n, eof, err
 }
 
+// ReadInPlace is Read without copying the data out of the reply: data is
+// the bytes read, in dest when the transport placed them there (RPC-over-
+// RDMA), else in the reply's buffer, which stays the caller's until it
+// calls release (nil when there is nothing to give back). dest bounds
+// the count, as for Read.
+func (c *Client) ReadInPlace(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, dest []byte) (data []byte, release func(), eof bool, err error) {
+	err = c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.read(c.sid(cp, sid), off, dest) }),
+		func(r *results) error {
+			if err := r.voidOp(opPutFH); err != nil {
+				return err
+			}
+			data, eof, err = r.decodeReadInPlace(&release)
+			return err
+		})
+	if err != nil {
+		return nil, nil, false, err
+	}
+	return data, release, eof, nil
+}
+
 // WriteResult is what a WRITE reports.
 type WriteResult struct {
 	Count     uint32

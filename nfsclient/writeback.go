@@ -21,6 +21,12 @@ import (
 // was called: a piece waits until no write in flight overlaps it, since
 // two WRITEs in flight at once may be executed in either order (RFC 8881
 // s2.10.6.1: slots impose no ordering between requests).
+//
+// With CommitEvery set, a COMMIT starts in the background whenever that
+// many bytes are written unstable, as the Linux client commits during
+// writeback (nfs_commit_inode from nfs_write_inode): the server flushes
+// the data to disk while more is being written, so the COMMIT at close
+// has little left to do, and the data kept for resending stays bounded.
 type UnstableWriter struct {
 	c    *Client
 	cred oncrpc.Credential
@@ -37,6 +43,13 @@ type UnstableWriter struct {
 	seq     uint64
 	flying  []span        // byte ranges of the writes in flight
 	landed  chan struct{} // closed when a write in flight completes
+
+	commitEvery  int           // start a background COMMIT at this many unstable bytes; 0: never
+	pendingBytes int           // bytes in pending
+	committing   chan struct{} // closed when the background COMMIT running ends; nil if none
+	bgOff        bool          // a background COMMIT failed: leave it all to Commit
+	inCommit     bool          // Commit is running: no background COMMIT
+	bgCommits    int           // background COMMITs that committed data
 }
 
 // span is the byte range [off, end) of a write in flight.
@@ -84,6 +97,23 @@ func (c *Client) NewUnstableWriter(cred oncrpc.Credential, of *OpenFile, inFligh
 	return &UnstableWriter{c: c, cred: cred, fh: of.FH, sid: of.StateID, sem: make(chan struct{}, inFlight)}
 }
 
+// CommitEvery makes the writer start a COMMIT in the background each time
+// n bytes have been written unstable since the last one, and hold off
+// new writes while 2n bytes wait for a COMMIT that is running. Call it
+// before the first WriteAt; n <= 0 turns background COMMITs off.
+func (w *UnstableWriter) CommitEvery(n int) {
+	w.mu.Lock()
+	w.commitEvery = max(n, 0)
+	w.mu.Unlock()
+}
+
+// BackgroundCommits returns how many background COMMITs committed data.
+func (w *UnstableWriter) BackgroundCommits() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.bgCommits
+}
+
 // WriteAt starts writing data at off, in WSize pieces. The writer owns
 // data from now on: the caller must not change it. release, if not nil,
 // runs once the writer no longer needs data: every piece was written
@@ -95,7 +125,11 @@ func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64, r
 	for len(data) > 0 {
 		n := min(len(data), w.c.wsize)
 		piece := data[:n]
-		seq, err := w.reserve(ctx, off, off+uint64(n))
+		err := w.waitCommitting(ctx)
+		var seq uint64
+		if err == nil {
+			seq, err = w.reserve(ctx, off, off+uint64(n))
+		}
 		if err == nil {
 			select {
 			case w.sem <- struct{}{}:
@@ -128,6 +162,26 @@ func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64, r
 		off += uint64(n)
 	}
 	return w.firstErr()
+}
+
+// waitCommitting holds a new write back while a background COMMIT runs
+// and twice CommitEvery bytes already wait for one: the data kept for a
+// possible resend stays bounded when the server's disk is slower than the
+// network.
+func (w *UnstableWriter) waitCommitting(ctx context.Context) error {
+	w.mu.Lock()
+	for w.committing != nil && w.pendingBytes >= 2*w.commitEvery {
+		ch := w.committing
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		w.mu.Lock()
+	}
+	w.mu.Unlock()
+	return nil
 }
 
 // reserve waits until no write in flight overlaps [off, end), then
@@ -206,6 +260,8 @@ func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, sta
 			kept = true
 			w.mu.Lock()
 			w.pending = append(w.pending, pendingWrite{off: off, data: done, verf: res.Verifier, buf: ref, seq: seq})
+			w.pendingBytes += len(done)
+			w.maybeCommitLocked(ctx)
 			w.mu.Unlock()
 		}
 		data = data[res.Count:]
@@ -215,6 +271,64 @@ func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, sta
 		ref.done()
 	}
 	return nil
+}
+
+// maybeCommitLocked starts a background COMMIT of the pending writes
+// once there are CommitEvery bytes of them and no COMMIT is running.
+func (w *UnstableWriter) maybeCommitLocked(ctx context.Context) {
+	if w.commitEvery == 0 || w.pendingBytes < w.commitEvery || w.committing != nil || w.bgOff || w.inCommit {
+		return
+	}
+	batch := w.pending
+	w.pending, w.pendingBytes = nil, 0
+	done := make(chan struct{})
+	w.committing = done
+	go w.commitBackground(ctx, batch, done)
+}
+
+// commitBackground COMMITs the writes of batch. If the COMMIT fails, or
+// its verifier is not theirs (RFC 8881 s18.3.3: the server may have lost
+// them), they go back to pending and background COMMITs stop: Commit
+// sends them again and reports the error.
+func (w *UnstableWriter) commitBackground(ctx context.Context, batch []pendingWrite, done chan struct{}) {
+	verf, err := w.c.Commit(ctx, w.cred, w.fh, 0, 0)
+	ok := err == nil
+	for _, p := range batch {
+		ok = ok && p.verf == verf
+	}
+	w.mu.Lock()
+	if ok {
+		w.bgCommits++
+	} else {
+		w.bgOff = true
+		w.pending = append(batch, w.pending...)
+		for _, p := range batch {
+			w.pendingBytes += len(p.data)
+		}
+		if err != nil {
+			w.c.trace("background COMMIT: %v", err)
+		} else {
+			w.c.trace("background COMMIT: write verifier changed")
+		}
+	}
+	w.committing = nil
+	close(done)
+	w.mu.Unlock()
+	if ok {
+		for _, p := range batch {
+			p.buf.done() // committed: the data is no longer needed
+		}
+	}
+}
+
+// waitBackground waits for the background COMMIT running, if any.
+func (w *UnstableWriter) waitBackground() {
+	w.mu.Lock()
+	ch := w.committing
+	w.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
 }
 
 func (w *UnstableWriter) firstErr() error {
@@ -235,10 +349,21 @@ func (w *UnstableWriter) Commit(ctx context.Context) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
+	// Writes in flight may have started a background COMMIT: it must end
+	// before the pending list says what is left to commit.
+	w.waitBackground()
+	w.mu.Lock()
+	w.inCommit = true
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.inCommit = false
+		w.mu.Unlock()
+	}()
 	for range maxWriteResends {
 		w.mu.Lock()
 		pending := w.pending
-		w.pending = nil
+		w.pending, w.pendingBytes = nil, 0
 		w.mu.Unlock()
 		if len(pending) == 0 {
 			return nil
@@ -247,6 +372,9 @@ func (w *UnstableWriter) Commit(ctx context.Context) error {
 		if err != nil {
 			w.mu.Lock()
 			w.pending = append(pending, w.pending...)
+			for _, p := range pending {
+				w.pendingBytes += len(p.data)
+			}
 			w.mu.Unlock()
 			return fmt.Errorf("commit: %w", err)
 		}
@@ -286,9 +414,10 @@ func (w *UnstableWriter) Commit(ctx context.Context) error {
 // closed after an error) and releases its buffers.
 func (w *UnstableWriter) Discard() {
 	w.wg.Wait()
+	w.waitBackground()
 	w.mu.Lock()
 	pending := w.pending
-	w.pending = nil
+	w.pending, w.pendingBytes = nil, 0
 	w.mu.Unlock()
 	for _, p := range pending {
 		p.buf.done()

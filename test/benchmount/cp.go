@@ -1,0 +1,107 @@
+package main
+
+import (
+	"crypto/rand"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cpDir is the direction of a cp job.
+type cpDir int
+
+const (
+	cpIn  cpDir = iota + 1 // a local file into the mount: buffered writes, COMMIT at close
+	cpOut                  // that file out to a local one: buffered reads, read-ahead
+)
+
+// cpSource is the local file cp in copies, made once per size.
+var cpSource = map[int]string{}
+
+func localSource(sizeMiB int) (string, error) {
+	if p, ok := cpSource[sizeMiB]; ok {
+		return p, nil
+	}
+	f, err := os.CreateTemp("", "benchmount-cp-")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for range sizeMiB {
+		rand.Read(buf)
+		if _, err := f.Write(buf); err != nil {
+			os.Remove(f.Name())
+			return "", fmt.Errorf("cp source: %w", err)
+		}
+	}
+	cpSource[sizeMiB] = f.Name()
+	return f.Name(), nil
+}
+
+// removeSources deletes the cp jobs' local files.
+func removeSources() {
+	for _, p := range cpSource {
+		os.Remove(p)
+	}
+}
+
+// runCp times cp(1) of a sizeMiB file into s.dir (wall time up to cp's
+// exit, so the close and its COMMIT count) or out of it to a local file,
+// after dropping the mount's cached pages of it. cp in makes the file
+// afresh each round; cp out copies the last one made.
+func runCp(s side, j job) (sample, error) {
+	src, err := localSource(j.sizeMiB)
+	if err != nil {
+		return sample{}, err
+	}
+	remote := filepath.Join(s.dir, "cpfile")
+	from, to := src, remote
+	// The fio jobs, which run first, are done with their file: a
+	// small export (knfsd's tmpfs) need not hold both.
+	os.Remove(filepath.Join(s.dir, "benchfile"))
+	if j.cp == cpIn {
+		os.Remove(remote)
+	} else {
+		local := src + ".out"
+		defer os.Remove(local)
+		from, to = remote, local
+		if err := dropCache(remote); err != nil {
+			return sample{}, err
+		}
+	}
+	cpu0, err := cpuTime(s.pid)
+	if err != nil {
+		return sample{}, err
+	}
+	start := time.Now()
+	if out, err := exec.Command("cp", from, to).CombinedOutput(); err != nil {
+		return sample{}, fmt.Errorf("cp %s %s: %v: %s", from, to, err, out)
+	}
+	took := time.Since(start)
+	cpu1, err := cpuTime(s.pid)
+	if err != nil {
+		return sample{}, err
+	}
+	n := int64(j.sizeMiB) << 20
+	return sample{mbps: float64(n) / took.Seconds() / 1e6, bytesMoved: n,
+		cpuPerGiB: (cpu1 - cpu0).Seconds() / (float64(n) / (1 << 30))}, nil
+}
+
+// dropCache drops the kernel's cached pages of path, as fio's
+// --invalidate does, so that cp out reads from the server.
+func dropCache(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("drop cache: %w", err)
+	}
+	defer f.Close()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		return fmt.Errorf("drop cache of %s: %w", path, err)
+	}
+	return nil
+}
