@@ -853,9 +853,10 @@ func (f *flipCommit) HandleCall(call []byte) []byte {
 	return reply
 }
 
-// TestCommitVerifierChangeResends checks that unstable data is written
-// again when COMMIT returns another verifier (RFC 8881 s18.3.3).
-func TestCommitVerifierChangeResends(t *testing.T) {
+// flipCommitClient dials ganesha over RPC-over-RDMA through a relay whose
+// COMMIT replies flip can change.
+func flipCommitClient(t *testing.T) (*Client, *flipCommit) {
+	t.Helper()
 	g := testpeer.RequireGanesha(t)
 	flip := &flipCommit{next: oncrpc.Relay(oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{}), time.Minute)}
 	resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{Provider: &iwarp.Provider{}, Handler: flip, ReplyBulk: ReplyBulk})
@@ -863,7 +864,13 @@ func TestCommitVerifierChangeResends(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { resp.Close() }) // after the client's Close (cleanups run last-first)
-	c := dial(t, peer{name: "ganesha-relay", addr: resp.Addr(), export: g.Export, rdma: true}, oncrpc.TCPOptions{})
+	return dial(t, peer{name: "ganesha-relay", addr: resp.Addr(), export: g.Export, rdma: true}, oncrpc.TCPOptions{}), flip
+}
+
+// TestCommitVerifierChangeResends checks that unstable data is written
+// again when COMMIT returns another verifier (RFC 8881 s18.3.3).
+func TestCommitVerifierChangeResends(t *testing.T) {
+	c, flip := flipCommitClient(t)
 	ctx := testCtx(t)
 	dir := testDir(t, c)
 	of, err := c.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded})

@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/oncrpc"
-	"github.com/rdmafs/rdmafs/rpcrdma"
-	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // TestBackgroundCommit writes a file in 1 MiB pieces with CommitEvery
@@ -64,14 +61,7 @@ func TestBackgroundCommit(t *testing.T) {
 // committing in the background, and leave it to Commit, whose COMMIT
 // then decides (RFC 8881 s18.3.3).
 func TestBackgroundCommitVerifierChange(t *testing.T) {
-	g := testpeer.RequireGanesha(t)
-	flip := &flipCommit{next: oncrpc.Relay(oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{}), time.Minute)}
-	resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{Provider: &iwarp.Provider{}, Handler: flip, ReplyBulk: ReplyBulk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Close() })
-	c := dial(t, peer{name: "ganesha-relay", addr: resp.Addr(), export: g.Export, rdma: true}, oncrpc.TCPOptions{})
+	c, flip := flipCommitClient(t)
 	ctx := testCtx(t)
 	dir := testDir(t, c)
 	of, err := c.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
