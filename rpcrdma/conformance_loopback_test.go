@@ -138,29 +138,38 @@ func TestConformanceReceivesKeepUp(t *testing.T) {
 // the call is not transmitted again (RFC 8166 s4.5).
 func TestConformanceErrChunkNotRetried(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
-		var bad, seen atomic.Uint32
-		env := newEnv(t, v, ResponderConfig{Filter: func(xid uint32, _ []byte) Action {
-			if xid == bad.Load() {
-				seen.Add(1)
-				return RejectCall
-			}
-			return Serve
-		}}, Config{})
-		ctx := ctxMinute(t)
-		if err := env.echo(ctx, []byte("first"), nil); err != nil {
-			t.Fatal(err)
-		}
-		var e xdr.Encoder
-		xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
-		bad.Store(xid)
-		e.Opaque([]byte("rejected"))
-		if _, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 100}); !errors.Is(err, ErrChunkRejected) {
-			t.Fatalf("err = %v, want ERR_CHUNK", err)
-		}
+		_, seen := errChunkCall(t, v, "rejected", func(uint32) Action { return RejectCall })
 		if n := seen.Load(); n != 1 {
 			t.Fatalf("the rejected call reached the responder %d times", n)
 		}
 	})
+}
+
+// errChunkCall makes a call on a fresh environment whose responder
+// answers its n-th arrival as act(n) says and serves every other call,
+// and requires it to end in ERR_CHUNK. It returns the environment and
+// how often the call reached the responder.
+func errChunkCall(t *testing.T, v int, payload string, act func(n uint32) Action) (*testEnv, *atomic.Uint32) {
+	t.Helper()
+	var bad, seen atomic.Uint32
+	env := newEnv(t, v, ResponderConfig{Filter: func(xid uint32, _ []byte) Action {
+		if xid != bad.Load() {
+			return Serve
+		}
+		return act(seen.Add(1))
+	}}, Config{})
+	ctx := ctxMinute(t)
+	if err := env.echo(ctx, []byte("first"), nil); err != nil {
+		t.Fatal(err)
+	}
+	var e xdr.Encoder
+	xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
+	bad.Store(xid)
+	e.Opaque([]byte(payload))
+	if _, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 100}); !errors.Is(err, ErrChunkRejected) {
+		t.Fatalf("err = %v, want ERR_CHUNK", err)
+	}
+	return env, &seen
 }
 
 // TestConformanceAbandonedCallsFenced: a call that returns without a
@@ -235,28 +244,13 @@ func TestConformanceAbandonedCallsFenced(t *testing.T) {
 // sent a third time (RFC 8166 s4.5.3).
 func TestConformanceErrChunkAfterReconnect(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
-		var bad, seen atomic.Uint32
-		env := newEnv(t, v, ResponderConfig{Filter: func(xid uint32, _ []byte) Action {
-			if xid != bad.Load() {
-				return Serve
-			}
-			if seen.Add(1) == 1 {
+		env, seen := errChunkCall(t, v, "lost, then refused", func(n uint32) Action {
+			if n == 1 {
 				return Disconnect
 			}
 			return RejectCall
-		}}, Config{})
-		ctx := ctxMinute(t)
-		if err := env.echo(ctx, []byte("first"), nil); err != nil {
-			t.Fatal(err)
-		}
-		var e xdr.Encoder
-		xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
-		bad.Store(xid)
-		e.Opaque([]byte("lost, then refused"))
-		if _, err := env.clnt.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), MaxReplySize: 100}); !errors.Is(err, ErrChunkRejected) {
-			t.Fatalf("err = %v, want ERR_CHUNK", err)
-		}
-		if err := env.echo(ctx, []byte("after"), nil); err != nil {
+		})
+		if err := env.echo(ctxMinute(t), []byte("after"), nil); err != nil {
 			t.Fatal(err)
 		}
 		if n, c := seen.Load(), env.tr.Stats().Connects; n != 2 || c != 2 {
