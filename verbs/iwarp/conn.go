@@ -16,7 +16,9 @@
 // posted on an idle send queue is written by the posting goroutine itself,
 // with a write that does not wait (the provider's tx goroutine finishes
 // what the socket does not take); queued work requests go out in batches
-// of up to 32 FPDUs per vectored write.
+// of up to 32 FPDUs per vectored write. With a receive handler
+// (QP.SetRecvHandler), receive completions are handed over in the
+// receiving goroutine instead of through the receive completion queue.
 //
 //	qp, err := iwarp.Dial(ctx, "127.0.0.1:20049", &verbs.ConnParams{CRC: true, PrivateData: pd})
 package iwarp
