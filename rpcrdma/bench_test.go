@@ -3,7 +3,11 @@ package rpcrdma
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,31 +43,16 @@ func slabBuf(t *Transport) func(b *testing.B, n int) []byte {
 }
 
 func benchTransports(b *testing.B) map[string]benchTransport {
-	// Both servers recycle their reply buffers, the responder's in its
-	// registered memory: the benchmarks measure the transports, not the
-	// garbage of a handler allocating 1 MiB per READ.
-	rbufs := &replyBufs{}
-	resp, err := Listen("127.0.0.1:0", ResponderConfig{Provider: &iwarp.Provider{}, Handler: echoHandler{bufs: rbufs}, ReplyBulk: echoReplyBulk, Credits: 64})
-	if err != nil {
-		b.Fatal(err)
-	}
-	rbufs.pool = resp.Buffers()
-	rtr := NewTransport(resp.Addr(), Config{Provider: &iwarp.Provider{}})
+	rdmaAddr, tcpAddr := benchPeers(b)
+	rtr := NewTransport(rdmaAddr, Config{Provider: &iwarp.Provider{}})
 	// The same over a provider that hides its receive handler: the
 	// requester polls its receive CQ (BenchmarkRatioReceive).
-	ptr := NewTransport(resp.Addr(), Config{Provider: pollingProvider{&iwarp.Provider{}}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go oncrpc.Serve(ln, echoHandler{bufs: &replyBufs{}})
-	ttr := oncrpc.NewTCPTransport(ln.Addr().String(), oncrpc.TCPOptions{})
+	ptr := NewTransport(rdmaAddr, Config{Provider: pollingProvider{&iwarp.Provider{}}})
+	ttr := oncrpc.NewTCPTransport(tcpAddr, oncrpc.TCPOptions{})
 	b.Cleanup(func() {
 		rtr.Close()
 		ptr.Close()
-		resp.Close()
 		ttr.Close()
-		ln.Close()
 	})
 	return map[string]benchTransport{
 		"rdma": {clnt: oncrpc.NewClient(rtr, echoProg, 1, oncrpc.ClientOptions{}), buf: slabBuf(rtr)},
@@ -71,6 +60,88 @@ func benchTransports(b *testing.B) map[string]benchTransport {
 		// Only for BenchmarkRatioReceive (not in the sub-benchmarks).
 		"rdma-poll": {clnt: oncrpc.NewClient(ptr, echoProg, 1, oncrpc.ClientOptions{}), buf: slabBuf(ptr)},
 	}
+}
+
+// benchPeerEnv set to "process" runs the benchmarks' servers in a child
+// process (this test binary again, TestBenchPeerProcess), so that the
+// benchmark process's CPU time is the clients' alone (the cpu-s/GiB
+// metrics of BenchmarkRatio1MiB):
+//
+//	RPCRDMA_BENCH_PEER=process go test -run '^$' -bench Ratio1MiB ./rpcrdma
+const benchPeerEnv = "RPCRDMA_BENCH_PEER"
+
+// benchPeers starts the echo servers the benchmarks compare, RPC-over-RDMA
+// and TCP, in this process or in a child, and returns their addresses.
+func benchPeers(b *testing.B) (rdmaAddr, tcpAddr string) {
+	if os.Getenv(benchPeerEnv) != "process" {
+		rdmaAddr, tcpAddr, stop, err := startBenchServers()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(stop)
+		return rdmaAddr, tcpAddr
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestBenchPeerProcess$")
+	cmd.Env = append(os.Environ(), benchPeerEnv+"=child")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stdin.Close() // the child's signal to stop
+		_ = cmd.Wait()
+	})
+	if _, err := fmt.Fscanln(stdout, &rdmaAddr, &tcpAddr); err != nil {
+		b.Fatalf("bench peer process: %v", err)
+	}
+	return rdmaAddr, tcpAddr
+}
+
+// TestBenchPeerProcess is the child process of benchPeers: it serves
+// until its standard input closes.
+func TestBenchPeerProcess(t *testing.T) {
+	if os.Getenv(benchPeerEnv) != "child" {
+		t.Skip("the benchmarks' server process (" + benchPeerEnv + "=process)")
+	}
+	rdmaAddr, tcpAddr, stop, err := startBenchServers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	fmt.Println(rdmaAddr, tcpAddr)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// startBenchServers starts the echo program's servers over RPC-over-RDMA
+// (iWARP provider) and over TCP.
+func startBenchServers() (rdmaAddr, tcpAddr string, stop func(), err error) {
+	// Both servers recycle their reply buffers, the responder's in its
+	// registered memory: the benchmarks measure the transports, not the
+	// garbage of a handler allocating 1 MiB per READ.
+	rbufs := &replyBufs{}
+	resp, err := Listen("127.0.0.1:0", ResponderConfig{Provider: &iwarp.Provider{}, Handler: echoHandler{bufs: rbufs}, ReplyBulk: echoReplyBulk, Credits: 64})
+	if err != nil {
+		return "", "", nil, err
+	}
+	rbufs.pool = resp.Buffers()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		resp.Close()
+		return "", "", nil, err
+	}
+	go oncrpc.Serve(ln, echoHandler{bufs: &replyBufs{}})
+	return resp.Addr(), ln.Addr().String(), func() {
+		resp.Close()
+		ln.Close()
+	}, nil
 }
 
 // sink sends data like an NFS WRITE: the data is the DDP-eligible Bulk.
@@ -177,6 +248,12 @@ func BenchmarkRead4KiB(b *testing.B) {
 // the ratio of their throughputs: on a loaded machine the sub-benchmarks
 // above, which run one after the other, see different loads.
 //
+// It also reports the CPU time (user and system) the process spent per
+// GiB moved over each transport: getrusage around each call, which runs
+// alone (calls are sequential), so the time of the goroutines it wakes
+// is counted too. With the servers in this process that is the client's
+// and the server's; with RPCRDMA_BENCH_PEER=process, the client's alone.
+//
 //	go test -run '^$' -bench Ratio1MiB ./rpcrdma
 func BenchmarkRatio1MiB(b *testing.B) {
 	bts := benchTransports(b)
@@ -189,11 +266,13 @@ func BenchmarkRatio1MiB(b *testing.B) {
 				copy(bufs[i], pattern(1<<20))
 			}
 			var e xdr.Encoder
-			var spent [2]time.Duration
+			var spent, cpu [2]time.Duration
+			calls := 0
 			b.SetBytes(2 << 20)
 			for i := 0; b.Loop(); i++ {
 				for k := range 2 {
 					j := (i + k) % 2
+					cpu0 := cpuTime(b)
 					start := time.Now()
 					var err error
 					if dir == "write" {
@@ -202,14 +281,28 @@ func BenchmarkRatio1MiB(b *testing.B) {
 						err = source(b.Context(), trs[j].clnt, &e, bufs[j])
 					}
 					spent[j] += time.Since(start)
+					cpu[j] += cpuTime(b) - cpu0
 					if err != nil {
 						b.Fatal(err)
 					}
 				}
+				calls++
 			}
 			b.ReportMetric(float64(spent[1])/float64(spent[0]), "rdma/tcp")
+			gib := float64(calls) * (1 << 20) / (1 << 30)
+			b.ReportMetric(cpu[0].Seconds()/gib, "rdma-cpu-s/GiB")
+			b.ReportMetric(cpu[1].Seconds()/gib, "tcp-cpu-s/GiB")
 		})
 	}
+}
+
+// cpuTime returns the user and system CPU time the process has used.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkRatioReceive alternates calls over RDMA with replies taken in
