@@ -36,7 +36,8 @@ type conn struct {
 	oneWay   []uint64 // sequence numbers of one-way messages holding a credit
 	wake     chan struct{}
 	waiting  int // callers waiting on wake for a credit
-	sends    map[uint64]sendState
+	sends    map[uint64]sendState // Sends not yet reaped (reapSendsLocked)
+	reapBuf  [16]verbs.Completion // reapSendsLocked's; guarded by mu
 	nextWR   uint64 // also the sequence number of the last message posted
 	err      error
 	dead     chan struct{}
@@ -163,7 +164,6 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 	t.tracef(trace.RDMA, "connect %s: peer private data found=%v send=%d recv=%d inv=%v; ours send=%d recv=%d credits=%d crc=%v version=%s",
 		t.addr, found, peer.InlineSend, peer.InlineRecv, peer.RemoteInvalidate, c.neg.sendSize, c.recvSize, t.cfg.Credits, qp.CRC(), c.neg.state())
 	c.startReceiving()
-	go c.sendLoop()
 	go func() {
 		select {
 		case <-qp.Done():
@@ -297,6 +297,7 @@ func (c *conn) teardown(err error, pending map[uint32]*req) {
 		c.t.stats.provCopied.Add(cb.CopiedBytes())
 	}
 	close(c.qpClosed)
+	c.putSends()
 	for _, r := range pending {
 		_ = r.invalidate(c) // the connection is closed already
 		r.err = err
@@ -376,6 +377,7 @@ func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
 		c.t.pool.Put(buf)
 		return 0, c.err
 	}
+	c.reapSendsLocked()
 	sge, _ := c.t.pool.Locate(buf[:max(n, 1)])
 	sge.Length = uint32(n)
 	c.nextWR++
@@ -388,34 +390,43 @@ func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
 	return wr, nil
 }
 
-func (c *conn) sendLoop() {
-	var wc [32]verbs.Completion
+// reapSendsLocked takes the Send completions that have come, without
+// waiting, and gives their buffers back. Called with c.mu held.
+//
+// No goroutine waits for Send completions: a call does not wait for its
+// Send (the send queue owns the buffer), so the completions are reaped
+// when the next Send is posted and when a reply comes (which its Send
+// has preceded), and the rest when the connection ends (teardown).
+// xprtrdma posts most Sends unsignalled and reaps them in batches for
+// the same reason: a wake-up per Send costs more than the Send.
+func (c *conn) reapSendsLocked() {
+	cq := c.qp.SendCQ()
 	for {
-		n, err := c.qp.SendCQ().Poll(c.ctx, wc[:])
-		if err != nil {
-			// The queue pair may still read send buffers until it
-			// is closed.
-			<-c.qpClosed
-			c.mu.Lock()
-			for wr, s := range c.sends {
+		n := cq.TryPoll(c.reapBuf[:])
+		for _, w := range c.reapBuf[:n] {
+			if s, ok := c.sends[w.WRID]; ok {
+				delete(c.sends, w.WRID)
 				c.complete(s)
-				delete(c.sends, wr)
 			}
-			c.mu.Unlock()
+			if w.Status != verbs.StatusSuccess && c.err == nil {
+				// The queue pair has broken; fail takes mu.
+				go c.fail(fmt.Errorf("%w: send completion %v (%v)", oncrpc.ErrConnection, w.Status, c.qp.Err()))
+			}
+		}
+		if n < len(c.reapBuf) {
 			return
 		}
-		for _, w := range wc[:n] {
-			c.mu.Lock()
-			s, ok := c.sends[w.WRID]
-			delete(c.sends, w.WRID)
-			c.mu.Unlock()
-			if ok {
-				c.complete(s)
-			}
-			if w.Status != verbs.StatusSuccess {
-				c.fail(fmt.Errorf("%w: send completion %v (%v)", oncrpc.ErrConnection, w.Status, c.qp.Err()))
-			}
-		}
+	}
+}
+
+// putSends gives back the buffers of every Send not reaped, once the
+// queue pair, closed, reads none of them any more.
+func (c *conn) putSends() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for wr, s := range c.sends {
+		c.complete(s)
+		delete(c.sends, wr)
 	}
 }
 

@@ -122,6 +122,7 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	}
 	// The reply is accepted: now it may change state.
 	c.neg.commit(h, v)
+	c.reapSendsLocked() // the call's Send, most likely
 	delete(c.pending, h.XID)
 	c.inflight--
 	c.releaseOneWayLocked(r.seq)
