@@ -249,9 +249,9 @@ func BenchmarkRead4KiB(b *testing.B) {
 // above, which run one after the other, see different loads.
 //
 // It also reports the CPU time (user and system) the process spent per
-// GiB moved over each transport: getrusage around each call, which runs
-// alone (calls are sequential), so the time of the goroutines it wakes
-// is counted too. With the servers in this process that is the client's
+// GiB moved over each transport and the voluntary context switches per
+// call: getrusage around each call, which runs alone (calls are
+// sequential), so the goroutines it wakes are counted too. With the servers in this process that is the client's
 // and the server's; with RPCRDMA_BENCH_PEER=process, the client's alone.
 //
 //	go test -run '^$' -bench Ratio1MiB ./rpcrdma
@@ -267,12 +267,13 @@ func BenchmarkRatio1MiB(b *testing.B) {
 			}
 			var e xdr.Encoder
 			var spent, cpu [2]time.Duration
+			var csw [2]int64
 			calls := 0
 			b.SetBytes(2 << 20)
 			for i := 0; b.Loop(); i++ {
 				for k := range 2 {
 					j := (i + k) % 2
-					cpu0 := cpuTime(b)
+					cpu0, csw0 := usage(b)
 					start := time.Now()
 					var err error
 					if dir == "write" {
@@ -281,7 +282,9 @@ func BenchmarkRatio1MiB(b *testing.B) {
 						err = source(b.Context(), trs[j].clnt, &e, bufs[j])
 					}
 					spent[j] += time.Since(start)
-					cpu[j] += cpuTime(b) - cpu0
+					cpu1, csw1 := usage(b)
+					cpu[j] += cpu1 - cpu0
+					csw[j] += csw1 - csw0
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -292,17 +295,21 @@ func BenchmarkRatio1MiB(b *testing.B) {
 			gib := float64(calls) * (1 << 20) / (1 << 30)
 			b.ReportMetric(cpu[0].Seconds()/gib, "rdma-cpu-s/GiB")
 			b.ReportMetric(cpu[1].Seconds()/gib, "tcp-cpu-s/GiB")
+			b.ReportMetric(float64(csw[0])/float64(calls), "rdma-csw/op")
+			b.ReportMetric(float64(csw[1])/float64(calls), "tcp-csw/op")
 		})
 	}
 }
 
-// cpuTime returns the user and system CPU time the process has used.
-func cpuTime(b *testing.B) time.Duration {
+// usage returns the user and system CPU time the process has used and
+// the voluntary context switches its threads made (a thread that sleeps
+// for lack of work: a wake-up that crossed threads).
+func usage(b *testing.B) (time.Duration, int64) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		b.Fatal(err)
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw
 }
 
 // BenchmarkRatioReceive alternates calls over RDMA with replies taken in
