@@ -35,10 +35,10 @@ type conn struct {
 	inflight int      // credits in use: calls, REQXCH, one-way messages
 	oneWay   []uint64 // sequence numbers of one-way messages holding a credit
 	wake     chan struct{}
-	waiting  int // callers waiting on wake for a credit
+	waiting  int                  // callers waiting on wake for a credit
 	sends    map[uint64]sendState // Sends not yet reaped (reapSendsLocked)
 	reapBuf  [16]verbs.Completion // reapSendsLocked's; guarded by mu
-	nextWR   uint64 // also the sequence number of the last message posted
+	nextWR   uint64               // also the sequence number of the last message posted
 	err      error
 	dead     chan struct{}
 	qpClosed chan struct{} // closed once the queue pair is closed: no access to our memory any more
