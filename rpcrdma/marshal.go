@@ -310,20 +310,24 @@ const invalidateWait = 2 * time.Second
 // outlives connections: its buffers are withdrawn for good and the
 // transport refuses further calls (ErrExposed).
 func (r *req) invalidate(c *conn) error {
-	return r.invalidateFirst(c, len(r.regs), false, false)
+	return r.invalidateFirst(c, len(r.regs), false)
 }
 
 // maxRegs stands for "every exposure" in readFrom.
 const maxRegs = 1 << 30
 
 // invalidateFirst is invalidate for the first n exposures of r (all
-// with n >= len(r.regs)); the others stay, first in r.regs. With busy
-// set the exposures are likely still in use by the provider (a Read
-// chunk whose Read Response it has just sent): the bounded wait starts
-// at once, without a no-wait attempt that would fail. With rx set it
-// runs on the receive path, maybe in the provider's receiving goroutine
-// (recvHandlerSetter), which closing the queue pair would wait for.
-func (r *req) invalidateFirst(c *conn, n int, busy, rx bool) error {
+// with n >= len(r.regs)); the others stay, first in r.regs. With rx set
+// it runs on the receive path, maybe in the provider's receiving
+// goroutine (recvHandlerSetter), which closing the queue pair would wait
+// for.
+//
+// Each exposure is first invalidated without waiting, which needs no
+// timer: only when the provider is still using the region (a Read
+// chunk whose Read Response it is finishing when the reply comes, about
+// one call in four) does the bounded wait follow. The region is invalid
+// after the first attempt either way; the second only waits.
+func (r *req) invalidateFirst(c *conn, n int, rx bool) error {
 	n = min(n, len(r.regs))
 	var first error
 	known := true // every Write chunk segment's placed count is known
@@ -335,15 +339,8 @@ func (r *req) invalidateFirst(c *conn, n int, busy, rx bool) error {
 		k := i - r.writeFrom
 		isWrite := k >= 0 && k < r.writeRegs
 		// No placement in progress is the common case: no wait.
-		var (
-			n   int
-			ok  bool
-			err error
-		)
-		if !busy {
-			n, ok, err = reg.InvalidatePlaced(noWait)
-		}
-		if busy || err != nil {
+		n, ok, err := reg.InvalidatePlaced(noWait)
+		if err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
 			n, ok, err = reg.InvalidatePlaced(ctx)
 			cancel()

@@ -148,7 +148,7 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	// the caller's to invalidate before the call returns (conn.send):
 	// its provider may still be finishing the RDMA Read response, and
 	// this loop need not wait for that.
-	invErr := r.invalidateFirst(c, r.readFrom, false, true)
+	invErr := r.invalidateFirst(c, r.readFrom, true)
 	if invErr != nil {
 		if lend {
 			c.returnRecv(i)

@@ -278,9 +278,9 @@ func (c *conn) send(ctx context.Context, r *req) error {
 		// What the reply left exposed (the Read chunk) is invalidated
 		// before the call returns (RFC 8166 s8.1.3); if it cannot be,
 		// the connection is closed and the call fails (s4.5.4). The
-		// provider usually has yet to end its Read Response access
-		// when the reply comes.
-		if err := r.invalidateFirst(c, len(r.regs), true, false); err != nil && r.err == nil {
+		// provider may have yet to end its Read Response access when
+		// the reply comes (invalidateFirst then waits).
+		if err := r.invalidateFirst(c, len(r.regs), false); err != nil && r.err == nil {
 			if r.reply != nil {
 				r.reply.Release()
 				r.reply = nil
