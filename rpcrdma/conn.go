@@ -38,6 +38,7 @@ type conn struct {
 	waiting  int                  // callers waiting on wake for a credit
 	sends    map[uint64]sendState // Sends not yet reaped (reapSendsLocked)
 	reapBuf  [16]verbs.Completion // reapSendsLocked's; guarded by mu
+	sglFree  []*[1]verbs.SGE      // gather lists of reaped Sends, for reuse
 	nextWR   uint64               // also the sequence number of the last message posted
 	err      error
 	dead     chan struct{}
@@ -69,15 +70,18 @@ const (
 	recvGone // returned to the pool
 )
 
-// sendState is a Send in flight: its registered buffer, which the send
-// queue owns until the Send completes.
+// sendState is a Send in flight: its registered buffer and its gather
+// list, which the send queue owns until the Send completes.
 type sendState struct {
 	buf []byte
+	sgl *[1]verbs.SGE
 }
 
-// complete ends a Send: the send queue is done with its buffer.
+// complete ends a Send: the send queue is done with its buffer and its
+// gather list. Called with c.mu held.
 func (c *conn) complete(s sendState) {
 	c.t.pool.Put(s.buf)
+	c.sglFree = append(c.sglFree, s.sgl)
 }
 
 // dial connects to the responder and exchanges RFC 8797 private data.
@@ -378,15 +382,25 @@ func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
 		return 0, c.err
 	}
 	c.reapSendsLocked()
-	sge, _ := c.t.pool.Locate(buf[:max(n, 1)])
-	sge.Length = uint32(n)
+	// The gather list too stays the send queue's until the Send
+	// completes: one of a reaped Send, so that a post allocates none.
+	var sgl *[1]verbs.SGE
+	if k := len(c.sglFree); k > 0 {
+		sgl = c.sglFree[k-1]
+		c.sglFree = c.sglFree[:k-1]
+	} else {
+		sgl = new([1]verbs.SGE)
+	}
+	sgl[0], _ = c.t.pool.Locate(buf[:max(n, 1)])
+	sgl[0].Length = uint32(n)
 	c.nextWR++
 	wr := c.nextWR
-	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: []verbs.SGE{sge}}); err != nil {
+	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: sgl[:]}); err != nil {
 		c.t.pool.Put(buf)
+		c.sglFree = append(c.sglFree, sgl)
 		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
 	}
-	c.sends[wr] = sendState{buf: buf}
+	c.sends[wr] = sendState{buf: buf, sgl: sgl}
 	return wr, nil
 }
 
