@@ -52,7 +52,7 @@ type req struct {
 	regs      []*mrcache.Registration // exposures, invalidated before the reply is used
 	owned     [][]byte                // transport buffers of this call, back to the pool at its end
 	bounceIn  [][]byte                // Write chunk segments standing in for a ReplyBulk outside the slab
-	writeOff  []Segment               // the Write chunk offered, to check the reply's echo
+	writeOff  []Segment               // the Write chunk offered (empty: none), to check the reply's echo
 	writeRegs int                     // regs[writeFrom:writeFrom+writeRegs] expose the Write chunk's segments, in order
 	writeFrom int
 	// regs[readFrom:] expose the call's Read chunk: the peer may only
@@ -63,10 +63,10 @@ type req struct {
 	// segment, counted by invalidate (mrcache InvalidatePlaced); nil
 	// when it cannot know (a hardware provider).
 	writePlaced []int
-	placedBuf   []int     // backs writePlaced, kept with the pooled req
-	readSegs    []Segment // backs the Read chunk's segments
-	replyBuf    []byte    // Reply chunk target (slab); handed up with the reply
-	replySegs   []Segment
+	placedBuf   []int        // backs writePlaced, kept with the pooled req
+	readSegs    []Segment    // backs the Read chunk's segments
+	replyBuf    []byte       // Reply chunk target (slab); handed up with the reply
+	replySegs   []Segment    // the Reply chunk offered (empty: none)
 	kinds       [2]chunkKind // call and reply decisions, for tracing and counters
 	tr          *Transport
 	probe       bool   // sent as the version-2 negotiation probe

@@ -229,7 +229,7 @@ func (r *req) check(h *Header, payload []byte) error {
 	}
 	switch {
 	case len(h.Writes) == 0:
-	case len(h.Writes) == 1 && r.writeOff != nil:
+	case len(h.Writes) == 1 && len(r.writeOff) > 0:
 		if err := checkEcho(h.Writes[0], r.writeOff); err != nil {
 			return fmt.Errorf("%w: xid %#x: Write chunk: %w", errUnusable, r.xid, err)
 		}
@@ -237,7 +237,7 @@ func (r *req) check(h *Header, payload []byte) error {
 		return fmt.Errorf("%w: xid %#x: %d Write chunks returned, %d offered", errUnusable, r.xid, len(h.Writes), min(len(r.writeOff), 1))
 	}
 	if h.Proc == ProcNoMsg {
-		if h.Reply == nil || r.replySegs == nil {
+		if h.Reply == nil || len(r.replySegs) == 0 {
 			return fmt.Errorf("%w: xid %#x: RDMA_NOMSG without the Reply chunk offered", errUnusable, r.xid)
 		}
 		if err := checkEcho(h.Reply, r.replySegs); err != nil {

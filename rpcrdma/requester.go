@@ -225,7 +225,9 @@ func (c *conn) send(ctx context.Context, r *req) error {
 		return err
 	}
 	r.done = make(chan struct{})
-	r.reply, r.err, r.writeOff, r.replySegs = nil, nil, nil, nil
+	// The chunks offered are kept empty, not nil: their arrays serve
+	// the next call of this req (a chunk offered has a segment).
+	r.reply, r.err, r.writeOff, r.replySegs = nil, nil, r.writeOff[:0], r.replySegs[:0]
 	r.kinds = [2]chunkKind{chunkInline, chunkInline}
 	defer r.finish(c)
 	c.mu.Lock()
