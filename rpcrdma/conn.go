@@ -59,6 +59,11 @@ type conn struct {
 	// byHandler: receive completions come to onRecv by a receive
 	// handler, not by recvLoop (set before they come).
 	byHandler bool
+
+	// rxHdr is the header of the message being received: messages are
+	// received one at a time (onRecv), and decoding into the same
+	// Header reuses its lists.
+	rxHdr Header
 }
 
 type recvState uint8

@@ -26,9 +26,20 @@ func FuzzHeader(f *testing.F) {
 	f.Add(unhex(f, "00000001 00000002 00000020 00000004 00000001 00000001 00000001"), false)
 	f.Add(unhex(f, "00000001 00000001 00000020 00000004 00000002"), false)
 	f.Add(unhex(f, "00000001 00000002 00000020 00000005 00000001 00000004 00000001 00000002"), true)
+	rich := unhex(f, "00000001 00000001 00000020 00000000 00000001 000000b0 00000100 00001000 0000000000000000 00000000 00000001 00000001 00000200 00001001 0000000000000000 00000000 00000001 00000001 00000300 00010000 0000000000000000")
 	f.Fuzz(func(t *testing.T, msg []byte, v2 bool) {
 		var h Header
 		n, err := h.Decode(msg, v2)
+		// Decoding into a Header that held lists before (their arrays
+		// are reused) gives the same.
+		var reused Header
+		if _, err := reused.Decode(rich, false); err != nil {
+			t.Fatal(err)
+		}
+		nr, errR := reused.Decode(msg, v2)
+		if (err == nil) != (errR == nil) || err == nil && (nr != n || !reflect.DeepEqual(normalize(h), normalize(reused)) || (h.Reply == nil) != (reused.Reply == nil)) {
+			t.Fatalf("a reused Header decodes %x differently: %+v (%v), a new one %+v (%v)", msg, reused, errR, h, err)
+		}
 		if err != nil {
 			return
 		}

@@ -200,9 +200,14 @@ func decodeSegment(d *xdr.Decoder) Segment {
 	return Segment{Handle: d.Uint32(), Length: d.Uint32(), Offset: d.Uint64()}
 }
 
-func decodeChunk(d *xdr.Decoder) []Segment {
+// decodeChunk decodes a chunk's segments, into buf's array when it has
+// room. The result is never nil: a chunk with no segments is present.
+func decodeChunk(d *xdr.Decoder, buf []Segment) []Segment {
 	n := d.Length(maxChunkSegments)
-	segs := make([]Segment, 0, n)
+	segs := buf[:0]
+	if segs == nil || cap(segs) < n {
+		segs = make([]Segment, 0, n)
+	}
 	for range n {
 		segs = append(segs, decodeSegment(d))
 	}
@@ -220,7 +225,13 @@ func optional(d *xdr.Decoder) bool { return d.Bool() }
 //
 // ERR_VERS decodes whatever the version word says (RFC 8166 s7: its
 // layout never changes).
+//
+// The lists decoded go into the arrays of h's lists where they fit (a
+// Reply chunk's, if h has one), so that a receiver decoding every message
+// into the same Header allocates nothing for a message shaped as the one
+// before: the lists of an earlier Decode into h are overwritten.
 func (h *Header) Decode(msg []byte, v2 bool) (int, error) {
+	writes, reply := h.Writes[:cap(h.Writes)], h.Reply
 	*h = Header{Reads: h.Reads[:0], Writes: h.Writes[:0]}
 	d := xdr.NewDecoder(msg)
 	h.XID, h.Vers, h.Credit, h.Proc = d.Uint32(), d.Uint32(), d.Uint32(), d.Uint32()
@@ -239,10 +250,14 @@ func (h *Header) Decode(msg []byte, v2 bool) (int, error) {
 			if i == maxWriteChunks {
 				return 0, fmt.Errorf("%w: more than %d write chunks", ErrBadHeader, maxWriteChunks)
 			}
-			h.Writes = append(h.Writes, decodeChunk(d))
+			var buf []Segment
+			if i < len(writes) {
+				buf = writes[i]
+			}
+			h.Writes = append(h.Writes, decodeChunk(d, buf))
 		}
 		if optional(d) {
-			h.Reply = decodeChunk(d)
+			h.Reply = decodeChunk(d, reply)
 		}
 	case ProcError:
 		h.ErrCode = d.Uint32()

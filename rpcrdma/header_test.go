@@ -3,6 +3,7 @@ package rpcrdma
 import (
 	"encoding/hex"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -91,5 +92,56 @@ func TestPrivateData(t *testing.T) {
 	}
 	if _, _, err := ParsePrivateData([]byte{0xf6, 0xab, 0x0e, 0x18, 9, 0, 0, 0}); err == nil {
 		t.Fatal("unknown version accepted")
+	}
+}
+
+// TestHeaderDecodeReuse decodes messages one after another into the same
+// Header, as the requester's receive path does: each decodes as into a
+// new Header (a Reply chunk present with no segments stays present, an
+// absent one nil), and a message shaped as the one before allocates
+// nothing.
+func TestHeaderDecodeReuse(t *testing.T) {
+	msgs := []Header{
+		{XID: 1, Vers: 1, Credit: 8, Proc: ProcMsg, Writes: [][]Segment{{{Handle: 1, Length: 10}, {Handle: 2, Length: 20}}, {{Handle: 3, Length: 30}}},
+			Reply: []Segment{{Handle: 4, Length: 40}, {Handle: 5, Length: 50}}},
+		{XID: 2, Vers: 1, Credit: 8, Proc: ProcMsg, Writes: [][]Segment{{{Handle: 6, Length: 60}}}},
+		{XID: 3, Vers: 1, Credit: 8, Proc: ProcNoMsg, Reply: []Segment{}},
+		{XID: 4, Vers: 1, Credit: 8, Proc: ProcMsg, Writes: [][]Segment{{}, {{Handle: 7, Length: 70}, {Handle: 8, Length: 80}, {Handle: 9, Length: 90}}}},
+		{XID: 5, Vers: 1, Credit: 8, Proc: ProcError, ErrCode: ErrChunk},
+	}
+	var encoded [][]byte
+	for _, m := range msgs {
+		var e xdr.Encoder
+		m.Append(&e)
+		encoded = append(encoded, e.Bytes())
+	}
+	var reused Header
+	for round := range 2 {
+		for i, msg := range encoded {
+			var fresh Header
+			n1, err1 := fresh.Decode(msg, false)
+			n2, err2 := reused.Decode(msg, false)
+			if err1 != nil || err2 != nil || n1 != n2 || !reflect.DeepEqual(normalize(fresh), normalize(reused)) {
+				t.Fatalf("round %d, message %d: reused Header decodes %+v (%v), a new one %+v (%v)", round, i, reused, err2, fresh, err1)
+			}
+			if (fresh.Reply == nil) != (reused.Reply == nil) {
+				t.Fatalf("round %d, message %d: Reply chunk present %v in a reused Header, %v in a new one", round, i, reused.Reply != nil, fresh.Reply != nil)
+			}
+		}
+	}
+	// A message shaped as the last one decoded (a READ reply after a
+	// READ reply) reuses every list.
+	for i, msg := range encoded {
+		if _, err := reused.Decode(msg, false); err != nil {
+			t.Fatal(err)
+		}
+		allocs := testing.AllocsPerRun(100, func() {
+			if _, err := reused.Decode(msg, false); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("message %d decoded again into the same Header: %v allocations, want 0", i, allocs)
+		}
 	}
 }

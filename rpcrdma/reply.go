@@ -26,7 +26,7 @@ func (c *conn) receive(i int, msg []byte, inv uint32, withInv bool) (lent bool) 
 	// version 2 (RDMA_OPTIONAL, error code 3) are malformed on a
 	// version-1 connection (v2 draft s4.2, RFC 8166 s4.5).
 	v2 := st != negV1 && len(msg) >= 8 && binary.BigEndian.Uint32(msg[4:]) == Version2
-	var h Header
+	h := &c.rxHdr
 	hlen, err := h.Decode(msg, v2)
 	if err != nil {
 		// RFC 8166 s4.5: a malformed message is dropped; the call it
@@ -45,13 +45,13 @@ func (c *conn) receive(i int, msg []byte, inv uint32, withInv bool) (lent bool) 
 	}
 	switch {
 	case h.Proc == ProcOptional:
-		c.receiveOptional(&h)
+		c.receiveOptional(h)
 		return false
 	case h.Proc == ProcMsg && isCall(payload):
-		c.backwardCall(&h, payload)
+		c.backwardCall(h, payload)
 		return false
 	}
-	return c.receiveReply(i, &h, payload, inv, withInv)
+	return c.receiveReply(i, h, payload, inv, withInv)
 }
 
 // isCall reports whether an RPC message is a call.
