@@ -226,10 +226,10 @@ func optional(d *xdr.Decoder) bool { return d.Bool() }
 // ERR_VERS decodes whatever the version word says (RFC 8166 s7: its
 // layout never changes).
 //
-// The lists decoded go into the arrays of h's lists where they fit (a
-// Reply chunk's, if h has one), so that a receiver decoding every message
-// into the same Header allocates nothing for a message shaped as the one
-// before: the lists of an earlier Decode into h are overwritten.
+// The lists decoded go into the arrays of the lists h holds where they
+// fit (a Reply chunk's, if h has one), so that a receiver decoding every
+// message into the same Header allocates nothing for a message shaped as
+// the one before: whatever those arrays held is overwritten.
 func (h *Header) Decode(msg []byte, v2 bool) (int, error) {
 	writes, reply := h.Writes[:cap(h.Writes)], h.Reply
 	*h = Header{Reads: h.Reads[:0], Writes: h.Writes[:0]}

@@ -323,9 +323,10 @@ const maxRegs = 1 << 30
 // for.
 //
 // Each exposure is first invalidated without waiting, which needs no
-// timer: only when the provider is still using the region (a Read
-// chunk whose Read Response it is finishing when the reply comes, about
-// one call in four) does the bounded wait follow. The region is invalid
+// timer: only when the provider is still using the region (a Read chunk
+// whose Read Response it is finishing when the reply comes: a few calls
+// in a hundred with the responder in another process, about half with
+// it in this one) does the bounded wait follow. The region is invalid
 // after the first attempt either way; the second only waits.
 func (r *req) invalidateFirst(c *conn, n int, rx bool) error {
 	n = min(n, len(r.regs))
