@@ -399,6 +399,7 @@ func (h *file) sendLocked() {
 // getattr interrupted by a signal neither drops it nor leaves the
 // interruption behind as the file's write error.
 func (h *file) writeOutLocked() error {
+	h.post = nil
 	if h.w == nil {
 		return h.werr
 	}
@@ -607,27 +608,41 @@ func (n *node) removeWriter(h *file) {
 // flushWriters sends what open files of n buffer, so that a READ or
 // GETATTR sees every byte written through this mount.
 func (n *node) flushWriters(ctx context.Context) syscall.Errno {
+	_, errno := n.flushWritersAttr(ctx)
+	return errno
+}
+
+// flushWritersAttr is flushWriters, and returns the file's attributes
+// when the flush was one FILE_SYNC WRITE of the only open file with
+// buffered writes, whose COMPOUND brought them: nothing else of this
+// mount can have written since.
+func (n *node) flushWritersAttr(ctx context.Context) (*nfsclient.Attr, syscall.Errno) {
 	f, ino := n.fsys, n.StableAttr().Ino
 	f.mu.Lock()
 	ws := f.writers[ino]
 	if len(ws) == 0 {
 		f.mu.Unlock()
-		return 0
+		return nil, 0
 	}
 	hs := make([]*file, 0, len(ws))
 	for h := range ws {
 		hs = append(hs, h)
 	}
 	f.mu.Unlock()
+	var post *nfsclient.Attr
 	for _, h := range hs {
 		h.mu.Lock()
 		err := h.writeOutLocked()
+		post = h.post
 		h.mu.Unlock()
 		if err != nil {
-			return n.errno("write", err)
+			return nil, n.errno("write", err)
 		}
 	}
-	return 0
+	if len(hs) != 1 {
+		post = nil
+	}
+	return post, 0
 }
 
 func (h *file) traceOpen(op string, flags, fuseFlags uint32) {

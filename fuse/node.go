@@ -149,12 +149,20 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *gofuse.AttrOu
 		n.attrOut(out)
 		return 0
 	}
-	if errno := n.flushWriters(ctx); errno != 0 {
+	post, errno := n.flushWritersAttr(ctx)
+	if errno != 0 {
 		return errno
 	}
-	a, err := n.fsys.c.GetAttr(ctx, n.fsys.cred(ctx), n.handle())
-	if err != nil {
-		return n.errno("GETATTR", err)
+	var a nfsclient.Attr
+	if post != nil {
+		// The flush was one WRITE, which brought the attributes after
+		// it (Linux folds GETATTR into WRITE and trusts them too).
+		a = *post
+	} else {
+		var err error
+		if a, err = n.fsys.c.GetAttr(ctx, n.fsys.cred(ctx), n.handle()); err != nil {
+			return n.errno("GETATTR", err)
+		}
 	}
 	n.setAttr(&a)
 	n.attrOut(out)
@@ -167,9 +175,6 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *gofuse.AttrOu
 // Setattr covers chmod, chown, truncate and utimens with one SETATTR.
 func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	ctx = uninterrupted(ctx)
-	if errno := n.flushWriters(ctx); errno != 0 {
-		return errno
-	}
 	var sa nfsclient.SetAttr
 	if m, ok := in.GetMode(); ok {
 		m &= 07777
@@ -211,10 +216,25 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttr
 	defer n.endChange()
 	var a nfsclient.Attr
 	var err error
-	if sa.Empty() {
-		a, err = n.fsys.c.GetAttr(ctx, cred, n.handle())
-	} else {
-		a, err = n.fsys.c.SetAttr(ctx, cred, n.handle(), sid, &sa)
+	folded := false
+	if !sa.Empty() {
+		// Buffered writes go out first, in the SETATTR's COMPOUND when
+		// they can (fold.go).
+		a, folded, err = n.writeSetAttr(ctx, cred, sid, &sa)
+	}
+	if !folded {
+		post, errno := n.flushWritersAttr(ctx)
+		if errno != 0 {
+			return errno
+		}
+		switch {
+		case !sa.Empty():
+			a, err = n.fsys.c.SetAttr(ctx, cred, n.handle(), sid, &sa)
+		case post != nil:
+			a = *post // the flush's one WRITE brought them
+		default:
+			a, err = n.fsys.c.GetAttr(ctx, cred, n.handle())
+		}
 	}
 	if err != nil {
 		return n.errno("SETATTR", err)

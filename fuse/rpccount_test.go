@@ -163,3 +163,97 @@ func TestSmallFileRPCs(t *testing.T) {
 		}
 	})
 }
+
+// TestTarFileRPCs counts the COMPOUNDs of one file as tar x makes it:
+// create, write, then futimens, fchown and fchmod on the open file, and
+// close. Create+write+close is LOOKUP+OPEN+WRITE+CLOSE as in
+// TestSmallFileRPCs; the three SETATTRs are tar's own (Linux sends them
+// too), and the buffered write goes out in the first one's COMPOUND
+// (fold.go), so the WRITE costs no round trip of its own: 6 COMPOUNDs,
+// where Linux, flushing before its SETATTR, sends OPEN, WRITE, 3
+// SETATTRs and CLOSE. The file must come out with the data, the mtime
+// and the mode set: a WRITE sent after the SETATTR would move the mtime.
+func TestTarFileRPCs(t *testing.T) {
+	tcpPeers(t, func(t *testing.T, p peer) {
+		mnt, m := mountPeer(t, p, fuse.Options{})
+		top := freshDir(t, mnt)
+		data := bytes.Repeat([]byte("rdmafs tar x workload\n"), 93) // 2046 bytes
+		mtime := time.Unix(1e9, 0)
+		const files = 4
+		for i := range files {
+			before := countOps(m)
+			name := filepath.Join(top, fmt.Sprintf("f%d.c", i))
+			f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Write(data); err != nil {
+				t.Fatal(err)
+			}
+			// A zero atime is UTIME_OMIT, as tar sends it.
+			if err := os.Chtimes(name, time.Time{}, mtime); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Chown(os.Getuid(), os.Getgid()); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Chmod(0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			waitOps(t, m, before, "CLOSE", 1)
+			got := countOps(m).since(before)
+			if got["LOOKUP"] != 1 || got["OPEN"] != 1 || got["WRITE"] != 1 || got["SETATTR"] != 2 || got["CLOSE"] != 1 || got.total() != 6 {
+				t.Errorf("file %d: tar's create, write, utimes, chown, chmod, close took %v, want LOOKUP=1 OPEN=1 WRITE=1 (with the first SETATTR) SETATTR=2 CLOSE=1 only", i, got)
+			}
+		}
+
+		// A second mount sees what the server has.
+		mnt2, _ := mountPeer(t, p, fuse.Options{})
+		for i := range files {
+			name := filepath.Join(mnt2, filepath.Base(top), fmt.Sprintf("f%d.c", i))
+			st, err := os.Stat(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !st.ModTime().Equal(mtime) || st.Mode().Perm() != 0o644 || st.Size() != int64(len(data)) {
+				t.Errorf("file %d: mtime %v mode %v size %d, want %v -rw-r--r-- %d", i, st.ModTime(), st.Mode(), st.Size(), mtime, len(data))
+			}
+			if b, err := os.ReadFile(name); err != nil || !bytes.Equal(b, data) {
+				t.Errorf("file %d: read back %d bytes (%v), differs from the %d written", i, len(b), err, len(data))
+			}
+		}
+	})
+}
+
+// TestWriteStatRPCs checks that a stat of a file with buffered writes
+// (the kernel drops its cached size and mtime after a write) takes the
+// attributes from the flush's WRITE, which asks for them: no GETATTR.
+func TestWriteStatRPCs(t *testing.T) {
+	tcpPeers(t, func(t *testing.T, p peer) {
+		mnt, m := mountPeer(t, p, fuse.Options{})
+		top := freshDir(t, mnt)
+		data := bytes.Repeat([]byte("x"), 3001)
+		before := countOps(m)
+		f, err := os.Create(filepath.Join(top, "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		st, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() != int64(len(data)) {
+			t.Errorf("size %d after writing %d", st.Size(), len(data))
+		}
+		if got := countOps(m).since(before); got["WRITE"] != 1 || got["GETATTR"] != 0 {
+			t.Errorf("create, write, fstat: %v, want WRITE=1 and no GETATTR", got)
+		}
+	})
+}

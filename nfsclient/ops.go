@@ -384,6 +384,49 @@ func (c *Client) write(ctx context.Context, cred oncrpc.Credential, fh []byte, s
 	return wr, err
 }
 
+// WriteSetAttr sends a WRITE and a SETATTR in one COMPOUND (PUTFH,
+// WRITE, SETATTR, GETATTR): buffered data that must reach the server
+// before a SETATTR (a utimes after write must not have its mtime moved
+// by a later WRITE) goes out with it, one round trip instead of two.
+// The server runs the operations in order and stops at the first that
+// fails (RFC 8881 s16.2.3), so a failed WRITE leaves the attributes
+// unset. sid is the WRITE's stateid, setSID the SETATTR's (see SetAttr).
+//
+// WriteResult.Count is zero when the WRITE did not succeed; when it did
+// and the SETATTR failed, the error is the SETATTR's and the data is
+// written. The returned Attr is the file's after both.
+func (c *Client) WriteSetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable, setSID StateID, sa *SetAttr) (WriteResult, Attr, error) {
+	var wr WriteResult
+	var a Attr
+	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
+		cp.write(c.sid(cp, sid), off, stable, data)
+		cp.setAttr(c.sid(cp, setSID), sa)
+		cp.getAttr(fileAttrs)
+	}), func(r *results) (err error) {
+		wr = WriteResult{}
+		if err := r.voidOp(opPutFH); err != nil {
+			return err
+		}
+		n, committed, verf, err := r.decodeWrite()
+		if err != nil {
+			return err
+		}
+		if int(n) > len(data) {
+			return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(data), n)
+		}
+		wr.Count, wr.Committed, wr.Verifier = n, committed, verf
+		if err := r.decodeSetAttr(); err != nil {
+			return err
+		}
+		if err := r.decodeGetAttr(&a); err != nil {
+			return err
+		}
+		wr.Attr, wr.AttrOK = a, true
+		return nil
+	})
+	return wr, a, err
+}
+
 // Commit makes unstable writes in [off, off+count) stable; count 0 means
 // to the end of the file. It returns the write verifier.
 func (c *Client) Commit(ctx context.Context, cred oncrpc.Credential, fh []byte, off uint64, count uint32) (Verifier, error) {

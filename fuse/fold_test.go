@@ -1,0 +1,60 @@
+package fuse_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/fuse"
+	"github.com/rdmafs/rdmafs/internal/testpeer"
+)
+
+// TestSetattrAfterFailedWrite has the buffered write that goes out in a
+// SETATTR's COMPOUND fail: the server stops there (RFC 8881 s16.2.3), so
+// utimes reports the write's error and leaves the mtime alone, and the
+// error is the file's, reported again at close. The write fails with
+// NFS4ERR_FBIG at an offset beyond what ganesha's file system takes (ext4
+// stops at 16 TiB).
+func TestSetattrAfterFailedWrite(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	p := peer{name: "ganesha", addr: g.Addr, export: g.Export, limitsOf: "ganesha"}
+	mnt, m := mountPeer(t, p, fuse.Options{})
+	top := freshDir(t, mnt)
+	name := filepath.Join(top, "fbig")
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const off = 17 << 40
+	if _, err := f.WriteAt([]byte("beyond"), off); err != nil {
+		t.Fatalf("buffered write at %d: %v", off, err)
+	}
+	before := countOps(m)
+	mtime := time.Unix(1e9, 0)
+	err = os.Chtimes(name, time.Time{}, mtime)
+	if err == nil {
+		t.Skipf("the export's file system took a write at %d", off)
+	}
+	if !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("utimes after a write the server refuses: %v, want EFBIG", err)
+	}
+	if got := countOps(m).since(before); got["WRITE"] != 1 || got.total() != 1 {
+		t.Errorf("utimes sent %v, want one WRITE (+SETATTR) COMPOUND", got)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(g.Dir, filepath.Base(top), "fbig"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mtim.Sec == mtime.Unix() || st.Size != 0 {
+		t.Errorf("on the server: mtime %d size %d: the SETATTR ran after the failed WRITE, or the WRITE was done", st.Mtim.Sec, st.Size)
+	}
+	if err := f.Close(); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("close: %v, want the write's EFBIG", err)
+	}
+}
