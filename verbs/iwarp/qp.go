@@ -19,7 +19,10 @@ const (
 	// length limit (RFC 5044 s4.1). Linux siw accepts any FPDU size.
 	defaultMaxULPDU = 65536 - 64
 	minMaxULPDU     = 64
-	readerSize      = 32 << 10
+	// readerSize is the buffered reader's size: a peer sending small
+	// FPDUs (Linux siw: one per TCP segment) has many of them read per
+	// system call.
+	readerSize = 256 << 10
 	// teardownWait bounds how long a Terminate may take to leave and
 	// how long we drain the stream after one.
 	teardownWait = 5 * time.Second

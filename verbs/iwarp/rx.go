@@ -1,6 +1,7 @@
 package iwarp
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -77,7 +78,20 @@ func (q *QP) readFull(rs *rxState, b []byte) error {
 		_, err := io.ReadFull(q.conn, b)
 		return err
 	}
-	_, err := io.ReadFull(q.br, b)
+	return readBuffered(q.br, b)
+}
+
+// readBuffered is io.ReadFull from br, without its loop and indirect call
+// when br holds all of b already (small FPDUs: every header and payload).
+func readBuffered(br *bufio.Reader, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if br.Buffered() >= len(b) {
+		_, _ = br.Read(b) // copies len(b) bytes from the buffer; no error
+		return nil
+	}
+	_, err := io.ReadFull(br, b)
 	return err
 }
 
@@ -302,7 +316,7 @@ func (q *QP) placeData(rs *rxState, dst []byte, tagged bool) error {
 			return err
 		}
 	default:
-		if _, err := io.ReadFull(q.br, dst); err != nil {
+		if err := readBuffered(q.br, dst); err != nil {
 			return err
 		}
 		if tagged {
@@ -376,6 +390,25 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 // and the queue pair terminates with an invalid STag error, as for a
 // segment that arrives after the invalidation (RFC 8166 s8.1.3).
 func (q *QP) placeAccess(rs *rxState, h *ddpHeader, n int, need verbs.Access, what string) error {
+	if !rs.direct && q.br.Buffered() >= n {
+		// The payload is in the buffered reader: placing it is a copy
+		// that cannot wait for the peer, so there is nothing for an
+		// invalidation to stop (the invalidation waits for the copy).
+		// Small FPDUs take this path, without the stopper's locking.
+		dst, mr, err := q.pd.BeginAccess(h.stag, need, h.to, uint64(n), nil)
+		if err != nil {
+			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("%s: %w", what, err))
+		}
+		if q.onPlace != nil {
+			q.onPlace()
+		}
+		if err := q.placeTagged(rs, dst); err != nil {
+			mr.EndAccess(nil, 0, 0)
+			return err
+		}
+		mr.EndAccess(nil, h.to, uint64(n))
+		return nil
+	}
 	q.rxStop.prepare()
 	dst, mr, err := q.pd.BeginAccess(h.stag, need, h.to, uint64(n), &q.rxStop)
 	if err != nil {
