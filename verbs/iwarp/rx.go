@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"runtime"
 
 	"github.com/rdmafs/rdmafs/verbs"
 )
@@ -54,6 +55,9 @@ type rxState struct {
 	// the trailer of a last segment (readTrailer moves them to hdr).
 	opt int
 	vr  *vecReader
+	// yield: a work request completed since the last socket read
+	// (see yieldIfIdle).
+	yield bool
 }
 
 // prefetchLen is how much of the next FPDU a direct reader takes with a
@@ -153,6 +157,9 @@ func (q *QP) receive(rs *rxState) error {
 	for {
 		have := rs.pre
 		rs.pre = 0
+		if have < 4 && rs.yield {
+			q.yieldIfIdle(rs)
+		}
 		switch {
 		case have >= 4:
 		case rs.direct && rs.vr != nil:
@@ -374,6 +381,7 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 		q.mu.Unlock()
 		if h.last() {
 			q.completeSend(r.seq, verbs.StatusSuccess, r.size)
+			rs.yield = true
 		}
 		return nil
 	default:
@@ -520,7 +528,24 @@ func (q *QP) rxSend(rs *rxState, h *ddpHeader, n int) error {
 	// The message is placed and no placement state is held: a
 	// receive handler may invalidate memory and post (handler.go).
 	q.deliverRecv(c)
+	rs.yield = true
 	return nil
+}
+
+// yieldIfIdle runs before the receive loop goes to the socket for the
+// next FPDU after it completed a work request. When nothing more is
+// buffered, the read that comes next usually finds the socket empty and
+// parks the goroutine, while the goroutine the completion woke (a poller
+// of the completion queue, or one a receive handler signalled) waits for
+// this thread, or for another one to be woken up and take it over.
+// Yielding first lets it run here at once: for a request/reply exchange
+// that saves a system call and a thread wake-up on the critical path of
+// every round trip. With more FPDUs buffered the loop goes on with them.
+func (q *QP) yieldIfIdle(rs *rxState) {
+	rs.yield = false
+	if rs.direct || q.br.Buffered() == 0 {
+		runtime.Gosched()
+	}
 }
 
 func (q *QP) rxReadRequest(rs *rxState, h *ddpHeader, n int) error {
