@@ -173,10 +173,16 @@ func (q *QP) receive(rs *rxState) error {
 			}
 			have = 4 + n
 		default:
-			if err := q.readFull(rs, rs.hdr[have:4]); err != nil {
+			// Buffered small FPDUs: the length and as much of the
+			// header as every FPDU has, in one copy.
+			end := 4
+			if !rs.direct && q.br.Buffered() >= prefetchLen-have {
+				end = prefetchLen
+			}
+			if err := q.readFull(rs, rs.hdr[have:end]); err != nil {
 				return err
 			}
-			have = 4
+			have = end
 		}
 		if !rs.seen {
 			rs.seen = true
