@@ -382,7 +382,14 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 		if h.last() {
 			q.orq.pop()
 			q.reads--
-			q.cond.Broadcast()
+			// An ORD credit is free: wake the tx goroutine only if
+			// a work request waits to go (a Read for the credit).
+			// An owner of the transmit side looks itself when done
+			// (tx.go), and a wake-up for nothing costs a thread
+			// wake-up per Read.
+			if !q.txBusy && q.sendableLocked() {
+				q.cond.Broadcast()
+			}
 		}
 		q.mu.Unlock()
 		if h.last() {
