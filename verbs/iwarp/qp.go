@@ -89,6 +89,7 @@ type QP struct {
 
 	// Inbound RDMA Read Requests waiting for the responder, at most IRD.
 	irq       chan readRequest
+	respKick  chan struct{} // the responder writes what respondInline left
 	irqCount  atomic.Int32
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -141,6 +142,7 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 		crc: n.crc, ird: n.ird, ord: n.ord, maxULPDU: p.maxULPDU, peerPD: n.peerPD, kick: n.active,
 		done:        make(chan struct{}),
 		irq:         make(chan readRequest, max(n.ird, 1)),
+		respKick:    make(chan struct{}, 1),
 		termWritten: make(chan struct{}),
 		closing:     make(chan struct{}),
 		sendMSN:     1, readMSN: 1,
@@ -237,8 +239,14 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 	}
 	q.sq.push(e)
 	// The writer may be busy with a Read Response the peer does not
-	// take: a post does not wait for it (TryLock).
-	if !q.directOKLocked(&e.wr) || !q.w.mu.TryLock() {
+	// take, or hold the rest of one (respondInline): a post does not
+	// wait for it (TryLock).
+	direct := q.directOKLocked(&e.wr) && q.w.mu.TryLock()
+	if direct && q.w.pending() {
+		q.w.mu.Unlock()
+		direct = false
+	}
+	if !direct {
 		// The tx goroutine sends it, batched with what is queued.
 		q.cond.Broadcast()
 		q.mu.Unlock()

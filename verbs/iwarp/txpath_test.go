@@ -185,3 +185,83 @@ func TestPostDoesNotWaitForStalledResponse(t *testing.T) {
 	}
 	expect(t, pollOne(t, qp.SendCQ()), 1, verbs.StatusSuccess, verbs.OpSend)
 }
+
+// TestZeroLengthReadsInOrder: zero-length Read Requests are answered by
+// the receiving goroutine when the writer is free and by the responder
+// otherwise (respondInline); either way every request gets one response,
+// in request order (RFC 5040 s5.2), while the queue pair streams RDMA
+// Writes through a small send buffer that the peer drains slowly, so the
+// writer is often busy or the socket full.
+func TestZeroLengthReadsInOrder(t *testing.T) {
+	ctx := testCtx(t)
+	pd := verbs.NewProtectionDomain()
+	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	if err := qp.conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	src := gather(t, pd, randBytes(32<<10, 9))
+	const writes = 64
+	posted := make(chan error, 1)
+	go func() {
+		var wc [8]verbs.Completion
+		inflight := 0
+		for i := range writes {
+			if err := qp.PostSend(verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpRDMAWrite, SGL: src, RemoteSTag: 0x77}); err != nil {
+				posted <- err
+				return
+			}
+			if inflight++; inflight == len(wc) {
+				k, err := qp.SendCQ().Poll(ctx, wc[:])
+				if err != nil {
+					posted <- err
+					return
+				}
+				inflight -= k
+			}
+		}
+		posted <- nil
+	}()
+	const rounds, depth = 100, 16 // depth: the queue pair's IRD
+	var batch []byte
+	next := uint64(0)
+	written := 0
+	for r := range rounds {
+		batch = batch[:0]
+		for i := range depth {
+			rr := readRequest{sinkSTag: 0x99, sinkTO: uint64(r*depth + i), srcSTag: 0x1234}
+			batch = append(batch, peer.readRequestFPDU(rr)...)
+		}
+		peer.mustWrite(batch)
+		for got := 0; got < depth; {
+			h, payload, err := peer.next()
+			if err != nil {
+				t.Fatalf("round %d: %v (queue pair: %v)", r, err, qp.Err())
+			}
+			switch {
+			case h.tagged() && h.opcode() == opWrite:
+				written += len(payload)
+			case h.tagged() && h.opcode() == opReadResp:
+				if h.stag != 0x99 || h.to != next || !h.last() || len(payload) != 0 {
+					t.Fatalf("Read Response %+v with %d bytes, want the last segment of read %d", h, len(payload), next)
+				}
+				next++
+				got++
+			default:
+				t.Fatalf("unexpected FPDU %+v", h)
+			}
+		}
+	}
+	for written < writes*(32<<10) {
+		h, payload, err := peer.next()
+		if err != nil || !h.tagged() || h.opcode() != opWrite {
+			t.Fatalf("after %d Write bytes: FPDU %+v: %v", written, h, err)
+		}
+		written += len(payload)
+	}
+	if err := <-posted; err != nil {
+		t.Fatal(err)
+	}
+	if qp.Err() != nil {
+		t.Fatal(qp.Err())
+	}
+}
