@@ -19,6 +19,10 @@
 // of up to 32 FPDUs per vectored write. With a receive handler
 // (QP.SetRecvHandler), receive completions are handed over in the
 // receiving goroutine instead of through the receive completion queue.
+// Having completed a work request, the receiving goroutine yields before
+// it reads the socket again, so that the goroutine the completion woke
+// runs at once; it answers zero-length RDMA Reads (a requester's fence)
+// itself when the writer is free.
 //
 //	qp, err := iwarp.Dial(ctx, "127.0.0.1:20049", &verbs.ConnParams{CRC: true, PrivateData: pd})
 package iwarp
