@@ -156,7 +156,7 @@ func Connect(ctx context.Context, conn net.Conn, p *verbs.ConnParams) (*QP, erro
 		_ = conn.Close()
 		return nil, pp.err
 	}
-	br := bufio.NewReaderSize(conn, readerSize)
+	br := bufio.NewReaderSize(conn, mpaReaderSize)
 	n, err := mpaInitiate(ctx, conn, br, pp)
 	if err != nil {
 		_ = conn.Close()
@@ -246,7 +246,7 @@ func (l *Listener) handshake(conn net.Conn) {
 		case <-ctx.Done():
 		}
 	}()
-	br := bufio.NewReaderSize(conn, readerSize)
+	br := bufio.NewReaderSize(conn, mpaReaderSize)
 	var qp *QP
 	_, err := mpaRespond(ctx, conn, br, l.p, func(n negotiated) error {
 		// Like rdma_accept after ibv_post_recv: the queue pair

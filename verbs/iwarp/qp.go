@@ -23,6 +23,10 @@ const (
 	// FPDUs (Linux siw: one per TCP segment) has many of them read per
 	// system call.
 	readerSize = 256 << 10
+	// mpaReaderSize is the reader of the MPA exchange, which the queue
+	// pair keeps until it has taken what that reader holds (a
+	// connection not yet accepted holds no more: maxPendingConns).
+	mpaReaderSize = 4 << 10
 	// teardownWait bounds how long a Terminate may take to leave and
 	// how long we drain the stream after one.
 	teardownWait = 5 * time.Second

@@ -58,6 +58,9 @@ type rxState struct {
 	// yield: a work request completed since the last socket read
 	// (see yieldIfIdle).
 	yield bool
+	// bigReader: q.br is the receive side's readerSize reader, no
+	// longer the MPA exchange's.
+	bigReader bool
 }
 
 // prefetchLen is how much of the next FPDU a direct reader takes with a
@@ -157,6 +160,12 @@ func (q *QP) receive(rs *rxState) error {
 	for {
 		have := rs.pre
 		rs.pre = 0
+		if !rs.bigReader && q.conn != nil && q.br.Buffered() == 0 {
+			// The MPA exchange's reader is drained: go on with a
+			// large one (nothing is lost replacing an empty one).
+			q.br = bufio.NewReaderSize(q.conn, readerSize)
+			rs.bigReader = true
+		}
 		if have < 4 && rs.yield {
 			q.yieldIfIdle(rs)
 		}
