@@ -1,6 +1,7 @@
 package iwarp
 
 import (
+	"bufio"
 	"bytes"
 	"net"
 	"runtime"
@@ -263,5 +264,58 @@ func TestZeroLengthReadsInOrder(t *testing.T) {
 	}
 	if qp.Err() != nil {
 		t.Fatal(qp.Err())
+	}
+}
+
+// TestFPDUsBufferedWithMPAFrame: FPDUs that arrive with the MPA Request,
+// in the same segment, are read by the MPA exchange's reader; the receive
+// loop takes them from it before it moves to its large reader. A Send
+// that follows later arrives too.
+func TestFPDUsBufferedWithMPAFrame(t *testing.T) {
+	ctx := testCtx(t)
+	bufs := [2][]byte{make([]byte, 64), make([]byte, 64)}
+	ln, err := Listen("127.0.0.1:0", &verbs.ConnParams{Setup: func(qp verbs.QueuePair) error {
+		for i, b := range bufs {
+			if err := postRecv(qp, uint64(i), b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	send := func(msn uint32, text string) []byte {
+		var h [untaggedHdrLen]byte
+		n := putUntagged(h[:], true, opSend, 0, qnSend, msn, 0)
+		return fpdu(append(h[:n:n], text...))
+	}
+	req := mpaFrame{flags: mpaFlagEnhanced, rev: 2, pdata: enhancedPData(16, 16, nil)}
+	if _, err := conn.Write(append(req.marshal(), send(1, "with the request")...)); err != nil {
+		t.Fatal(err)
+	}
+	qp, err := ln.AcceptQP(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qp.Close()
+	if rep, err := readMPAFrame(bufio.NewReader(conn)); err != nil || !rep.reply || rep.flags&mpaFlagReject != 0 {
+		t.Fatalf("MPA reply %+v: %v", rep, err)
+	}
+	if _, err := conn.Write(send(2, "later")); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"with the request", "later"} {
+		wc := pollOne(t, qp.RecvCQ())
+		expect(t, wc, uint64(i), verbs.StatusSuccess, verbs.OpRecv)
+		if got := string(bufs[i][:wc.ByteLen]); got != want {
+			t.Fatalf("Send %d: %q, want %q", i, got, want)
+		}
 	}
 }
