@@ -19,6 +19,10 @@
 // of up to 32 FPDUs per vectored write. With a receive handler
 // (QP.SetRecvHandler), receive completions are handed over in the
 // receiving goroutine instead of through the receive completion queue.
+// Having completed a work request, the receiving goroutine yields before
+// it reads the socket again, so that the goroutine the completion woke
+// runs at once; it answers zero-length RDMA Reads (a requester's fence)
+// itself when the writer is free.
 //
 //	qp, err := iwarp.Dial(ctx, "127.0.0.1:20049", &verbs.ConnParams{CRC: true, PrivateData: pd})
 package iwarp
@@ -152,7 +156,7 @@ func Connect(ctx context.Context, conn net.Conn, p *verbs.ConnParams) (*QP, erro
 		_ = conn.Close()
 		return nil, pp.err
 	}
-	br := bufio.NewReaderSize(conn, readerSize)
+	br := bufio.NewReaderSize(conn, mpaReaderSize)
 	n, err := mpaInitiate(ctx, conn, br, pp)
 	if err != nil {
 		_ = conn.Close()
@@ -242,7 +246,7 @@ func (l *Listener) handshake(conn net.Conn) {
 		case <-ctx.Done():
 		}
 	}()
-	br := bufio.NewReaderSize(conn, readerSize)
+	br := bufio.NewReaderSize(conn, mpaReaderSize)
 	var qp *QP
 	_, err := mpaRespond(ctx, conn, br, l.p, func(n negotiated) error {
 		// Like rdma_accept after ibv_post_recv: the queue pair

@@ -19,7 +19,14 @@ const (
 	// length limit (RFC 5044 s4.1). Linux siw accepts any FPDU size.
 	defaultMaxULPDU = 65536 - 64
 	minMaxULPDU     = 64
-	readerSize      = 32 << 10
+	// readerSize is the buffered reader's size: a peer sending small
+	// FPDUs (Linux siw: one per TCP segment) has many of them read per
+	// system call.
+	readerSize = 256 << 10
+	// mpaReaderSize is the reader of the MPA exchange, which the queue
+	// pair keeps until it has taken what that reader holds (a
+	// connection not yet accepted holds no more: maxPendingConns).
+	mpaReaderSize = 4 << 10
 	// teardownWait bounds how long a Terminate may take to leave and
 	// how long we drain the stream after one.
 	teardownWait = 5 * time.Second
@@ -86,6 +93,7 @@ type QP struct {
 
 	// Inbound RDMA Read Requests waiting for the responder, at most IRD.
 	irq       chan readRequest
+	respKick  chan struct{} // the responder writes what respondInline left
 	irqCount  atomic.Int32
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -138,6 +146,7 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 		crc: n.crc, ird: n.ird, ord: n.ord, maxULPDU: p.maxULPDU, peerPD: n.peerPD, kick: n.active,
 		done:        make(chan struct{}),
 		irq:         make(chan readRequest, max(n.ird, 1)),
+		respKick:    make(chan struct{}, 1),
 		termWritten: make(chan struct{}),
 		closing:     make(chan struct{}),
 		sendMSN:     1, readMSN: 1,
@@ -234,8 +243,14 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 	}
 	q.sq.push(e)
 	// The writer may be busy with a Read Response the peer does not
-	// take: a post does not wait for it (TryLock).
-	if !q.directOKLocked(&e.wr) || !q.w.mu.TryLock() {
+	// take, or hold the rest of one (respondInline): a post does not
+	// wait for it (TryLock).
+	direct := q.directOKLocked(&e.wr) && q.w.mu.TryLock()
+	if direct && q.w.pending() {
+		q.w.mu.Unlock()
+		direct = false
+	}
+	if !direct {
 		// The tx goroutine sends it, batched with what is queued.
 		q.cond.Broadcast()
 		q.mu.Unlock()

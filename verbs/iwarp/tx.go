@@ -300,6 +300,14 @@ func (q *QP) respLoop() {
 		select {
 		case <-q.done:
 			return
+		case <-q.respKick:
+			q.w.mu.Lock()
+			err := q.w.startLocked() // the rest of an inline response
+			q.w.mu.Unlock()
+			if err != nil {
+				q.txFailed("Read Response", err)
+				return
+			}
 		case rr := <-q.irq:
 			err := q.serveRead(rr)
 			switch {
@@ -400,6 +408,50 @@ func (q *QP) serveRead(rr readRequest) error {
 			return nil
 		}
 	}
+}
+
+// respondInline sends the Read Response of a zero-length Read Request
+// (RFC 5040 s5.2: one tagged segment without data; a requester's fence,
+// or Linux siw's ready-to-receive) from the receiving goroutine, saving
+// the hand-off to the responder goroutine. The caller has counted rr in
+// irqCount and no other read is queued or being answered (responses go
+// in request order). It reports false, leaving rr to the responder, when
+// the writer is busy or holds the rest of an earlier write. The write
+// does not wait: the receiving goroutine must keep reading, or two peers
+// whose sockets are full would wait for each other; the responder
+// goroutine writes what the socket does not take.
+func (q *QP) respondInline(rr readRequest) bool {
+	if q.w.raw == nil || !q.w.mu.TryLock() {
+		return false
+	}
+	if q.w.pending() || q.w.sealed {
+		q.w.mu.Unlock()
+		return false
+	}
+	var hb [taggedHdrLen]byte
+	putTagged(hb[:], true, opReadResp, rr.sinkSTag, rr.sinkTO)
+	// As in serveRead: the IRD slot is free before the peer can see
+	// the response and send its next request.
+	q.irqCount.Add(-1)
+	err := q.w.startLocked()
+	if err == nil {
+		err = q.w.addLocked(hb[:], nil)
+	}
+	if err == nil {
+		err = q.w.tryFlushLocked()
+	}
+	rest := q.w.pending()
+	q.w.mu.Unlock()
+	switch {
+	case err != nil:
+		q.txFailed("Read Response", err)
+	case rest:
+		select {
+		case q.respKick <- struct{}{}:
+		default: // a kick is pending already
+		}
+	}
+	return true
 }
 
 // respBatch is how many Read Response segments go out per system call.

@@ -1,6 +1,7 @@
 package iwarp
 
 import (
+	"bufio"
 	"bytes"
 	"net"
 	"runtime"
@@ -184,4 +185,137 @@ func TestPostDoesNotWaitForStalledResponse(t *testing.T) {
 		got += len(b)
 	}
 	expect(t, pollOne(t, qp.SendCQ()), 1, verbs.StatusSuccess, verbs.OpSend)
+}
+
+// TestZeroLengthReadsInOrder: zero-length Read Requests are answered by
+// the receiving goroutine when the writer is free and by the responder
+// otherwise (respondInline); either way every request gets one response,
+// in request order (RFC 5040 s5.2), while the queue pair streams RDMA
+// Writes through a small send buffer that the peer drains slowly, so the
+// writer is often busy or the socket full.
+func TestZeroLengthReadsInOrder(t *testing.T) {
+	ctx := testCtx(t)
+	pd := verbs.NewProtectionDomain()
+	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	if err := qp.conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	src := gather(t, pd, randBytes(32<<10, 9))
+	const writes = 64
+	posted := make(chan error, 1)
+	go func() {
+		var wc [8]verbs.Completion
+		inflight := 0
+		for i := range writes {
+			if err := qp.PostSend(verbs.SendWR{WRID: uint64(i), Opcode: verbs.OpRDMAWrite, SGL: src, RemoteSTag: 0x77}); err != nil {
+				posted <- err
+				return
+			}
+			if inflight++; inflight == len(wc) {
+				k, err := qp.SendCQ().Poll(ctx, wc[:])
+				if err != nil {
+					posted <- err
+					return
+				}
+				inflight -= k
+			}
+		}
+		posted <- nil
+	}()
+	const rounds, depth = 100, 16 // depth: the queue pair's IRD
+	var batch []byte
+	next := uint64(0)
+	written := 0
+	for r := range rounds {
+		batch = batch[:0]
+		for i := range depth {
+			rr := readRequest{sinkSTag: 0x99, sinkTO: uint64(r*depth + i), srcSTag: 0x1234}
+			batch = append(batch, peer.readRequestFPDU(rr)...)
+		}
+		peer.mustWrite(batch)
+		for got := 0; got < depth; {
+			h, payload, err := peer.next()
+			if err != nil {
+				t.Fatalf("round %d: %v (queue pair: %v)", r, err, qp.Err())
+			}
+			switch {
+			case h.tagged() && h.opcode() == opWrite:
+				written += len(payload)
+			case h.tagged() && h.opcode() == opReadResp:
+				if h.stag != 0x99 || h.to != next || !h.last() || len(payload) != 0 {
+					t.Fatalf("Read Response %+v with %d bytes, want the last segment of read %d", h, len(payload), next)
+				}
+				next++
+				got++
+			default:
+				t.Fatalf("unexpected FPDU %+v", h)
+			}
+		}
+	}
+	for written < writes*(32<<10) {
+		h, payload, err := peer.next()
+		if err != nil || !h.tagged() || h.opcode() != opWrite {
+			t.Fatalf("after %d Write bytes: FPDU %+v: %v", written, h, err)
+		}
+		written += len(payload)
+	}
+	if err := <-posted; err != nil {
+		t.Fatal(err)
+	}
+	if qp.Err() != nil {
+		t.Fatal(qp.Err())
+	}
+}
+
+// TestFPDUsBufferedWithMPAFrame: FPDUs that arrive with the MPA Request,
+// in the same segment, are read by the MPA exchange's reader; the receive
+// loop takes them from it before it moves to its large reader. A Send
+// that follows later arrives too.
+func TestFPDUsBufferedWithMPAFrame(t *testing.T) {
+	ctx := testCtx(t)
+	bufs := [2][]byte{make([]byte, 64), make([]byte, 64)}
+	ln, err := Listen("127.0.0.1:0", &verbs.ConnParams{Setup: func(qp verbs.QueuePair) error {
+		for i, b := range bufs {
+			if err := postRecv(qp, uint64(i), b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	send := func(msn uint32, text string) []byte {
+		var h [untaggedHdrLen]byte
+		n := putUntagged(h[:], true, opSend, 0, qnSend, msn, 0)
+		return fpdu(append(h[:n:n], text...))
+	}
+	req := mpaFrame{flags: mpaFlagEnhanced, rev: 2, pdata: enhancedPData(16, 16, nil)}
+	if _, err := conn.Write(append(req.marshal(), send(1, "with the request")...)); err != nil {
+		t.Fatal(err)
+	}
+	qp, err := ln.AcceptQP(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qp.Close()
+	if rep, err := readMPAFrame(bufio.NewReader(conn)); err != nil || !rep.reply || rep.flags&mpaFlagReject != 0 {
+		t.Fatalf("MPA reply %+v: %v", rep, err)
+	}
+	if _, err := conn.Write(send(2, "later")); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"with the request", "later"} {
+		wc := pollOne(t, qp.RecvCQ())
+		expect(t, wc, uint64(i), verbs.StatusSuccess, verbs.OpRecv)
+		if got := string(bufs[i][:wc.ByteLen]); got != want {
+			t.Fatalf("Send %d: %q, want %q", i, got, want)
+		}
+	}
 }
