@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -88,6 +90,13 @@ func compareN(vs []variant, js []job, rounds int) ([]rowN, error) {
 // fioRelay runs j on v and also returns the CPU seconds per GiB moved
 // that v's relay process spent (zero without one).
 func fioRelay(v variant, j job) (sample, float64, error) {
+	if perfDir != "" {
+		stop, err := startPerf(v, j)
+		if err != nil {
+			return sample{}, 0, err
+		}
+		defer stop()
+	}
 	if v.relayPID == 0 {
 		smp, err := fio(v.side, j)
 		return smp, 0, err
@@ -105,6 +114,46 @@ func fioRelay(v variant, j job) (sample, float64, error) {
 		return sample{}, 0, err
 	}
 	return smp, perGiB(cpu1-cpu0, smp.bytesMoved), nil
+}
+
+// perfDir, if set (-perf), is where fioRelay has perf(1) record the
+// rdmafs process (and the relay) during each job, one file per variant,
+// job and process: perf report -i FILE.data --no-children; FILE.stat
+// counts its context switches and read, write, futex and epoll calls.
+var perfDir string
+
+// startPerf starts perf record on v's rdmafs process and relay and returns
+// the function that stops it and waits for the files to be written.
+func startPerf(v variant, j job) (func(), error) {
+	name := strings.ReplaceAll(v.name+"-"+j.name, " ", "-")
+	pids := map[string]int{"client": v.side.pid}
+	if v.relayPID != 0 {
+		pids["relay"] = v.relayPID
+	}
+	var cmds []*exec.Cmd
+	for who, pid := range pids {
+		out := filepath.Join(perfDir, fmt.Sprintf("%s-%s.data", name, who))
+		// Go binaries keep frame pointers: -g walks them.
+		cmd := exec.Command("perf", "record", "-q", "-F", "999", "-g", "-p", strconv.Itoa(pid), "-o", out)
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("perf record: %w", err)
+		}
+		// And counts: context switches and the syscalls a message costs.
+		stat := exec.Command("perf", "stat", "-e", "context-switches,syscalls:sys_enter_read,syscalls:sys_enter_write,"+
+			"syscalls:sys_enter_writev,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_pwait",
+			"-p", strconv.Itoa(pid), "-o", strings.TrimSuffix(out, ".data")+".stat")
+		if err := stat.Start(); err != nil {
+			return nil, fmt.Errorf("perf stat: %w", err)
+		}
+		cmds = append(cmds, cmd, stat)
+	}
+	time.Sleep(500 * time.Millisecond) // let perf attach
+	return func() {
+		for _, c := range cmds {
+			c.Process.Signal(os.Interrupt)
+			c.Wait()
+		}
+	}, nil
 }
 
 // perGiB returns CPU seconds per GiB for cpu spent moving n bytes (zero

@@ -361,6 +361,7 @@ func main() {
 	rpcs := flag.Bool("rpcs", false, "instead of fio: count the COMPOUNDs per entry of tar x, ls -l and rm -rf against ganesha")
 	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=rdma through a responder on this host relaying over TCP to knfsd")
 	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
+	flag.StringVar(&perfDir, "perf", "", "with -knfsd, perf record each rdmafs process (and the relay) during each job into this directory")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := exec.LookPath("fio"); err != nil {
