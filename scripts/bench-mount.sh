@@ -4,9 +4,10 @@
 # proto=tcp on knfsd. Prints markdown tables (test/benchmount).
 # KNFSD_NET=passt gives the guest passt's 65520-byte frames instead of
 # qemu's slirp (test/kpeer KPEER_NET); GANESHA=0 skips the ganesha table.
-# With KNFSD=1 a third mount, "relay", uses proto=rdma to a responder on
-# this host (pure-Go iWARP) that relays each call over TCP to the same
-# knfsd: the client's RDMA path without the guest's siw (RELAY=0 drops it).
+# With KNFSD=1 two more mounts go through this host: "rdma-relay" uses
+# proto=rdma to a responder (pure-Go iWARP) that relays each call over TCP
+# to the same knfsd, the client's RDMA path without the guest's siw, and
+# "tcp-relay" proto=tcp through the same kind of hop (RELAY=0 drops both).
 # The CPU columns are the rdmafs process's CPU seconds per GiB moved, and
 # the relay's own (this process) on its own. JOBS='1M direct' runs only
 # the jobs whose name matches that regexp.

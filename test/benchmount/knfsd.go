@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,6 +43,28 @@ func startRelay(tcpAddr string) (string, func(), error) {
 	return resp.Addr(), func() {
 		resp.Close()
 		tcp.Close()
+	}, nil
+}
+
+// startTCPRelay serves ONC RPC over TCP on this host's loopback and relays
+// each call over its own TCP connection to tcpAddr: the same extra hop as
+// startRelay's, with TCP on both sides, so that rdma-relay has a like
+// for like to be compared with.
+func startTCPRelay(tcpAddr string) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("tcp relay: %w", err)
+	}
+	tcp := oncrpc.NewTCPTransport(tcpAddr, oncrpc.TCPOptions{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		oncrpc.Serve(ln, oncrpc.Relay(tcp, time.Minute))
+	}()
+	return ln.Addr().String(), func() {
+		ln.Close()
+		tcp.Close()
+		<-done
 	}, nil
 }
 
@@ -165,12 +188,15 @@ func perGiB(cpu time.Duration, n int64) float64 {
 	return cpu.Seconds() / (float64(n) / (1 << 30))
 }
 
-// printTableN writes one row per job: each variant's MB/s, its ratio to
-// the first variant's (the median of per-round ratios), each variant's
-// client CPU seconds per GiB and its ratio to the first's, and the relay
-// process's CPU seconds per GiB for each variant that has one.
-func printTableN(w io.Writer, title string, vs []variant, rows []rowN) {
-	ref := vs[0].name
+// ratio names two variants, by index, whose per-round ratio a table
+// prints.
+type ratio struct{ a, b int }
+
+// printTableN writes one row per job: each variant's MB/s, the ratios
+// (the median of per-round ratios), each variant's client CPU seconds per
+// GiB and the same ratios of them, and the relay process's CPU seconds
+// per GiB for each variant that has one.
+func printTableN(w io.Writer, title string, vs []variant, ratios []ratio, rows []rowN) {
 	var head, sep strings.Builder
 	head.WriteString("| job |")
 	add := func(format string, a ...any) {
@@ -180,14 +206,14 @@ func printTableN(w io.Writer, title string, vs []variant, rows []rowN) {
 	for _, v := range vs {
 		add("%s MB/s", v.name)
 	}
-	for _, v := range vs[1:] {
-		add("%s/%s", v.name, ref)
+	for _, q := range ratios {
+		add("%s/%s", vs[q.a].name, vs[q.b].name)
 	}
 	for _, v := range vs {
 		add("%s CPU s/GiB", v.name)
 	}
-	for _, v := range vs[1:] {
-		add("CPU %s/%s", v.name, ref)
+	for _, q := range ratios {
+		add("CPU %s/%s", vs[q.a].name, vs[q.b].name)
 	}
 	for _, v := range vs {
 		if v.relayPID != 0 {
@@ -203,16 +229,16 @@ func printTableN(w io.Writer, title string, vs []variant, rows []rowN) {
 			m, _, _ := medians(r.s[i], r.s[0], mbps)
 			cells = append(cells, fmt.Sprintf("%.0f", m))
 		}
-		for i := 1; i < len(vs); i++ {
-			_, _, ratio := medians(r.s[i], r.s[0], mbps)
+		for _, q := range ratios {
+			_, _, ratio := medians(r.s[q.a], r.s[q.b], mbps)
 			cells = append(cells, fmt.Sprintf("%.2f", ratio))
 		}
 		for i := range vs {
 			c, _, _ := medians(r.s[i], r.s[0], cpu)
 			cells = append(cells, fmt.Sprintf("%.2f", c))
 		}
-		for i := 1; i < len(vs); i++ {
-			_, _, ratio := medians(r.s[i], r.s[0], cpu)
+		for _, q := range ratios {
+			_, _, ratio := medians(r.s[q.a], r.s[q.b], cpu)
 			cells = append(cells, fmt.Sprintf("%.2f", ratio))
 		}
 		for i, v := range vs {
@@ -235,11 +261,13 @@ func pairRows(rows []rowN, a, b int) []row {
 }
 
 // benchKnfsd measures knfsd in the qemu guest, whose network is net
-// (test/kpeer KPEER_NET), mounted three ways: proto=tcp, proto=rdma to
-// the guest's siw, and with relay proto=rdma to a responder on this host
-// that relays over TCP to the same knfsd. The relay takes siw and the
-// guest's emulated CPU out of the RDMA path: if it runs near proto=tcp,
-// the client's RDMA path is not what limits proto=rdma.
+// (test/kpeer KPEER_NET), mounted with proto=tcp and proto=rdma (siw in
+// the guest), and with relay also twice through this process: tcp-relay,
+// proto=tcp to a relay, and rdma-relay, proto=rdma to a responder on the
+// pure-Go provider, both relaying over TCP to the same knfsd. rdma-relay
+// takes siw and the guest's emulated CPU out of the RDMA path: if it runs
+// as fast as tcp-relay, the client's RDMA path is not what limits
+// proto=rdma.
 func benchKnfsd(abs, net string, size, rounds int, relay bool, match *regexp.Regexp) error {
 	if net != "user" && net != "passt" {
 		return fmt.Errorf("-knfsd-net %s: want user or passt", net)
@@ -248,7 +276,7 @@ func benchKnfsd(abs, net string, size, rounds int, relay bool, match *regexp.Reg
 	js := selectJobs(jobs(ksize), match)
 	mounts := 2
 	if relay {
-		mounts = 3
+		mounts = 4
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -270,13 +298,25 @@ func benchKnfsd(abs, net string, size, rounds int, relay bool, match *regexp.Reg
 		{name: "tcp", sub: "bench-tcp", opts: []string{"port=" + port(k.TCPAddr)}},
 		{name: "rdma", sub: "bench-rdma", opts: []string{"proto=rdma", "port=" + port(k.RDMAAddr)}},
 	}
+	// Ratios to proto=tcp, and with the relays rdma-relay to tcp-relay:
+	// the same hop, the same server path, only the client's transport
+	// differs.
+	ratios := []ratio{{1, 0}}
 	if relay {
 		addr, stop, err := startRelay(k.TCPAddr)
 		if err != nil {
 			return err
 		}
 		defer stop()
-		ms = append(ms, mount{name: "rdma-relay", sub: "bench-relay", opts: []string{"proto=rdma", "port=" + port(addr)}, relay: true})
+		taddr, tstop, err := startTCPRelay(k.TCPAddr)
+		if err != nil {
+			return err
+		}
+		defer tstop()
+		ms = append(ms,
+			mount{name: "tcp-relay", sub: "bench-tcp-relay", opts: []string{"port=" + port(taddr)}, relay: true},
+			mount{name: "rdma-relay", sub: "bench-relay", opts: []string{"proto=rdma", "port=" + port(addr)}, relay: true})
+		ratios = append(ratios, ratio{3, 0}, ratio{3, 2})
 	}
 	var vs []variant
 	for _, m := range ms {
@@ -306,9 +346,9 @@ func benchKnfsd(abs, net string, size, rounds int, relay bool, match *regexp.Reg
 	}
 	title := fmt.Sprintf("knfsd in the qemu guest (network %s): proto=tcp, proto=rdma (siw in the guest)", net)
 	if relay {
-		title += ", rdma-relay (proto=rdma to a responder on this host relaying over TCP)"
+		title += ", tcp-relay and rdma-relay (proto=tcp or proto=rdma to a server on this host relaying over TCP)"
 	}
-	printTableN(os.Stdout, fmt.Sprintf("%s, %d MiB, median of %d", title, ksize, rounds), vs, rows)
+	printTableN(os.Stdout, fmt.Sprintf("%s, %d MiB, median of %d", title, ksize, rounds), vs, ratios, rows)
 	printBuffered("rdma", "tcp", pairRows(rows, 1, 0))
 	return nil
 }

@@ -20,12 +20,12 @@ func TestPrintTableN(t *testing.T) {
 		relay: [][]float64{nil, nil, {7, 5, 6}},
 	}}
 	var b strings.Builder
-	printTableN(&b, "title", vs, rows)
+	printTableN(&b, "title", vs, []ratio{{1, 0}, {2, 0}, {2, 1}}, rows)
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	if len(lines) != 4 {
 		t.Fatalf("got %d lines, want 4 (title, head, rule, row):\n%s", len(lines), b.String())
 	}
-	wantHead := "| job | tcp MB/s | rdma MB/s | rdma-relay MB/s | rdma/tcp | rdma-relay/tcp | tcp CPU s/GiB | rdma CPU s/GiB | rdma-relay CPU s/GiB | CPU rdma/tcp | CPU rdma-relay/tcp | rdma-relay relay process CPU s/GiB |"
+	wantHead := "| job | tcp MB/s | rdma MB/s | rdma-relay MB/s | rdma/tcp | rdma-relay/tcp | rdma-relay/rdma | tcp CPU s/GiB | rdma CPU s/GiB | rdma-relay CPU s/GiB | CPU rdma/tcp | CPU rdma-relay/tcp | CPU rdma-relay/rdma | rdma-relay relay process CPU s/GiB |"
 	if lines[1] != wantHead {
 		t.Errorf("head:\n got %s\nwant %s", lines[1], wantHead)
 	}
@@ -33,9 +33,11 @@ func TestPrintTableN(t *testing.T) {
 		t.Errorf("rule %q has %d columns, want %d", lines[2], got, want)
 	}
 	// MB/s medians 100, 48, 88; ratios rdma/tcp 0.5, 0.4, 0.5 -> 0.50,
-	// relay/tcp 0.9, 0.5, 1.1 -> 0.90; CPU medians 3, 9, 1.5; CPU ratios
-	// rdma 2, 3, 3 -> 3.00, relay 0.5, 0.5, 0.5 -> 0.50; relay process 6.
-	want := "| seq read 1M direct | 100 | 48 | 88 | 0.50 | 0.90 | 3.00 | 9.00 | 1.50 | 3.00 | 0.50 | 6.00 |"
+	// relay/tcp 0.9, 0.5, 1.1 -> 0.90, relay/rdma 1.8, 1.25, 2.2 -> 1.80;
+	// CPU medians 3, 9, 1.5; CPU ratios rdma/tcp 2, 3, 3 -> 3.00,
+	// relay/tcp 0.5, 0.5, 0.5 -> 0.50, relay/rdma 0.25, 1/6, 1/6 -> 0.17;
+	// relay process 6.
+	want := "| seq read 1M direct | 100 | 48 | 88 | 0.50 | 0.90 | 1.80 | 3.00 | 9.00 | 1.50 | 3.00 | 0.50 | 0.17 | 6.00 |"
 	if lines[3] != want {
 		t.Errorf("row:\n got %s\nwant %s", lines[3], want)
 	}
@@ -45,7 +47,7 @@ func TestPrintTableNNoRelay(t *testing.T) {
 	vs := []variant{{name: "tcp"}, {name: "rdma"}}
 	rows := []rowN{{job: "j", s: [][]sample{{{mbps: 10, cpuPerGiB: 1}}, {{mbps: 5, cpuPerGiB: 2}}}, relay: [][]float64{{0}, {0}}}}
 	var b strings.Builder
-	printTableN(&b, "t", vs, rows)
+	printTableN(&b, "t", vs, []ratio{{1, 0}}, rows)
 	if strings.Contains(b.String(), "relay") {
 		t.Errorf("table without a relay variant has a relay column:\n%s", b.String())
 	}

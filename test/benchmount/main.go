@@ -10,9 +10,9 @@
 // of a file of that size into the mount and back out (cp.go); a second
 // table gives buffered over O_DIRECT on each mount. With
 // -knfsd it also starts knfsd in the qemu guest and compares proto=tcp
-// with proto=rdma against it, and with proto=rdma through a responder on
-// this machine that relays over TCP to the same knfsd (knfsd.go;
-// -relay=false leaves it out; -knfsd-net picks the guest's network;
+// with proto=rdma against it, and with proto=tcp and proto=rdma through
+// servers in this process that relay over TCP to the same knfsd (knfsd.go;
+// -relay=false leaves them out; -knfsd-net picks the guest's network;
 // -ganesha=false skips the ganesha table; -jobs picks jobs by name). With -rpcs it instead counts the COMPOUNDs
 // per entry that tar x, ls -l and rm -rf take, each on a fresh mount
 // (the round trips the Linux client's OPEN+WRITE+CLOSE set the bar for).
@@ -359,7 +359,7 @@ func main() {
 	ganesha := flag.Bool("ganesha", true, "measure rdmafs on ganesha against the go-fuse loopback (false: only -knfsd)")
 	knfsdNet := flag.String("knfsd-net", "user", "the knfsd guest's network, test/kpeer KPEER_NET: user (qemu slirp, 1500-byte frames) or passt (65520-byte frames)")
 	rpcs := flag.Bool("rpcs", false, "instead of fio: count the COMPOUNDs per entry of tar x, ls -l and rm -rf against ganesha")
-	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=rdma through a responder on this host relaying over TCP to knfsd")
+	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=tcp and proto=rdma through servers on this host relaying over TCP to knfsd")
 	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
 	flag.StringVar(&perfDir, "perf", "", "with -knfsd, perf record each rdmafs process (and the relay) during each job into this directory")
 	flag.Parse()
