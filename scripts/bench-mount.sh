@@ -4,7 +4,13 @@
 # proto=tcp on knfsd. Prints markdown tables (test/benchmount).
 # KNFSD_NET=passt gives the guest passt's 65520-byte frames instead of
 # qemu's slirp (test/kpeer KPEER_NET); GANESHA=0 skips the ganesha table.
-# The CPU columns are the rdmafs process's CPU seconds per GiB moved.
+# With KNFSD=1 two more mounts go through this host: "rdma-relay" uses
+# proto=rdma to a responder (pure-Go iWARP) that relays each call over TCP
+# to the same knfsd, the client's RDMA path without the guest's siw, and
+# "tcp-relay" proto=tcp through the same kind of hop (RELAY=0 drops both).
+# The CPU columns are the rdmafs process's CPU seconds per GiB moved, and
+# the relay's own (this process) on its own. JOBS='1M direct' runs only
+# the jobs whose name matches that regexp.
 # RPCS=1 counts COMPOUNDs per entry of tar x, ls -l and rm -rf instead.
 #   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
 set -euo pipefail
@@ -16,4 +22,6 @@ args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
 [ "${KNFSD:-0}" = 1 ] && args+=(-knfsd -knfsd-net "${KNFSD_NET:-user}")
 [ "${GANESHA:-1}" = 0 ] && args+=(-ganesha=false)
 [ "${RPCS:-0}" = 1 ] && args+=(-rpcs)
+[ "${RELAY:-1}" = 0 ] && args+=(-relay=false)
+[ -n "${JOBS:-}" ] && args+=(-jobs "$JOBS")
 exec go run ./test/benchmount "${args[@]}"

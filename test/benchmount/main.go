@@ -10,12 +10,14 @@
 // of a file of that size into the mount and back out (cp.go); a second
 // table gives buffered over O_DIRECT on each mount. With
 // -knfsd it also starts knfsd in the qemu guest and compares proto=tcp
-// with proto=rdma against it (-knfsd-net picks the guest's network;
-// -ganesha=false skips the ganesha table). With -rpcs it instead counts the COMPOUNDs
+// with proto=rdma against it, and with proto=tcp and proto=rdma through
+// servers in this process that relay over TCP to the same knfsd (knfsd.go;
+// -relay=false leaves them out; -knfsd-net picks the guest's network;
+// -ganesha=false skips the ganesha table; -jobs picks jobs by name). With -rpcs it instead counts the COMPOUNDs
 // per entry that tar x, ls -l and rm -rf take, each on a fresh mount
 // (the round trips the Linux client's OPEN+WRITE+CLOSE set the bar for).
 //
-//	go run ./test/benchmount -rdmafs bin/rdmafs [-knfsd] [-size 1024] [-rpcs]
+//	go run ./test/benchmount -rdmafs bin/rdmafs [-knfsd] [-size 1024] [-rpcs] [-jobs '1M direct']
 //
 // Figures are MB/s as fio reports them; the ratio is rdmafs over the
 // floor (or rdma over tcp). The CPU columns are the user+sys CPU seconds
@@ -35,6 +37,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -246,10 +249,25 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
+// selectJobs returns the jobs whose name match matches (all with a nil
+// match).
+func selectJobs(js []job, match *regexp.Regexp) []job {
+	if match == nil {
+		return js
+	}
+	var out []job
+	for _, j := range js {
+		if match.MatchString(j.name) {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
 // compare runs every job on a and b, alternating, rounds times.
-func compare(a, b side, sizeMiB, rounds int) ([]row, error) {
+func compare(a, b side, js []job, rounds int) ([]row, error) {
 	var rows []row
-	for _, j := range jobs(sizeMiB) {
+	for _, j := range js {
 		r := row{job: j.name}
 		for range rounds {
 			sa, err := fio(a, j)
@@ -287,18 +305,40 @@ func medians(a, b []sample, f func(sample) float64) (ma, mb, ratio float64) {
 // write (end_fsync) and cp in wait for the data to be on disk; cp out
 // also writes what it reads to a local file, in the same thread.
 func printBuffered(nameA, nameB string, rows []row) {
+	if !hasBufferedPairs(rows) {
+		return
+	}
 	byName := map[string]row{}
 	for _, r := range rows {
 		byName[r.job] = r
 	}
 	fmt.Printf("\nbuffered over O_DIRECT on the same mount (median of per-round ratios)\n| job | over | %s | %s |\n|---|---|---|---|\n", nameA, nameB)
-	for _, p := range [][2]string{{"buffered write", "seq write 1M direct"}, {"cp in", "seq write 1M direct"},
-		{"buffered read", "seq read 1M direct"}, {"cp out", "seq read 1M direct"}} {
+	for _, p := range bufferedPairs {
 		b, d := byName[p[0]], byName[p[1]]
 		_, _, ra := medians(b.a, d.a, func(s sample) float64 { return s.mbps })
 		_, _, rb := medians(b.b, d.b, func(s sample) float64 { return s.mbps })
 		fmt.Printf("| %s | %s | %.2f | %.2f |\n", p[0], p[1], ra, rb)
 	}
+}
+
+// bufferedPairs are the jobs printBuffered divides, each over the
+// O_DIRECT job of the same direction.
+var bufferedPairs = [][2]string{{"buffered write", "seq write 1M direct"}, {"cp in", "seq write 1M direct"},
+	{"buffered read", "seq read 1M direct"}, {"cp out", "seq read 1M direct"}}
+
+// hasBufferedPairs reports whether rows hold every job of bufferedPairs
+// (-jobs may leave some out).
+func hasBufferedPairs(rows []row) bool {
+	have := map[string]bool{}
+	for _, r := range rows {
+		have[r.job] = true
+	}
+	for _, p := range bufferedPairs {
+		if !have[p[0]] || !have[p[1]] {
+			return false
+		}
+	}
+	return true
 }
 
 func printTable(title, nameA, nameB string, rows []row) {
@@ -319,6 +359,9 @@ func main() {
 	ganesha := flag.Bool("ganesha", true, "measure rdmafs on ganesha against the go-fuse loopback (false: only -knfsd)")
 	knfsdNet := flag.String("knfsd-net", "user", "the knfsd guest's network, test/kpeer KPEER_NET: user (qemu slirp, 1500-byte frames) or passt (65520-byte frames)")
 	rpcs := flag.Bool("rpcs", false, "instead of fio: count the COMPOUNDs per entry of tar x, ls -l and rm -rf against ganesha")
+	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=tcp and proto=rdma through servers on this host relaying over TCP to knfsd")
+	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
+	flag.StringVar(&perfDir, "perf", "", "with -knfsd, perf record each rdmafs process (and the relay) during each job into this directory")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := exec.LookPath("fio"); err != nil {
@@ -328,25 +371,31 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	var match *regexp.Regexp
+	if *jobsRE != "" {
+		if match, err = regexp.Compile(*jobsRE); err != nil {
+			log.Fatalf("benchmount: -jobs: %v", err)
+		}
+	}
 	defer testpeer.StopAll()
 	defer removeSources()
 
 	if *ganesha || *rpcs {
-		if err := benchGanesha(abs, *size, *rounds, *rpcs); err != nil {
+		if err := benchGanesha(abs, *size, *rounds, *rpcs, match); err != nil {
 			log.Fatalf("benchmount: %v", err)
 		}
 	}
 	if !*knfsd || *rpcs {
 		return
 	}
-	if err := benchKnfsd(abs, *knfsdNet, *size, *rounds); err != nil {
+	if err := benchKnfsd(abs, *knfsdNet, *size, *rounds, *relay, match); err != nil {
 		log.Fatalf("benchmount: %v", err)
 	}
 }
 
 // benchGanesha compares rdmafs on ganesha with the go-fuse loopback of
 // the same directory, or with rpcs counts COMPOUNDs per entry.
-func benchGanesha(abs string, size, rounds int, rpcs bool) error {
+func benchGanesha(abs string, size, rounds int, rpcs bool, match *regexp.Regexp) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	g, err := testpeer.StartGanesha(ctx)
@@ -377,61 +426,12 @@ func benchGanesha(abs string, size, rounds int, rpcs bool) error {
 	if err != nil {
 		return err
 	}
-	rows, err := compare(side{nfsDir, nfsPID}, side{loopDir, os.Getpid()}, size, rounds)
+	rows, err := compare(side{nfsDir, nfsPID}, side{loopDir, os.Getpid()}, selectJobs(jobs(size), match), rounds)
 	if err != nil {
 		return err
 	}
 	printTable(fmt.Sprintf("rdmafs (proto=tcp, ganesha on this machine) vs go-fuse loopback of the same directory, %d MiB, median of %d", size, rounds),
 		"rdmafs", "loopback", rows)
 	printBuffered("rdmafs", "loopback", rows)
-	return nil
-}
-
-// benchKnfsd compares proto=rdma with proto=tcp against knfsd in the
-// qemu guest, whose network is net (test/kpeer KPEER_NET).
-func benchKnfsd(abs, net string, size, rounds int) error {
-	if net != "user" && net != "passt" {
-		return fmt.Errorf("-knfsd-net %s: want user or passt", net)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	k, err := testpeer.StartKnfsd(ctx, testpeer.KnfsdOptions{Env: []string{"KPEER_NET=" + net}})
-	if err != nil {
-		return fmt.Errorf("start knfsd: %w", err)
-	}
-	defer k.Stop()
-	tcpPort := k.TCPAddr[strings.LastIndexByte(k.TCPAddr, ':')+1:]
-	rdmaPort := k.RDMAAddr[strings.LastIndexByte(k.RDMAAddr, ':')+1:]
-	tcpDir, umountTCP, err := mountRdmafs(abs, "127.0.0.1:/", "port="+tcpPort)
-	if err != nil {
-		return err
-	}
-	defer umountTCP()
-	rdmaDir, umountRDMA, err := mountRdmafs(abs, "127.0.0.1:/", "proto=rdma", "port="+rdmaPort)
-	if err != nil {
-		return err
-	}
-	defer umountRDMA()
-	// Both mounts see the same tmpfs export: separate directories.
-	for _, d := range []string{filepath.Join(tcpDir, "bench-tcp"), filepath.Join(rdmaDir, "bench-rdma")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-	}
-	tcpPID, err := servingPID(abs, tcpDir)
-	if err != nil {
-		return err
-	}
-	rdmaPID, err := servingPID(abs, rdmaDir)
-	if err != nil {
-		return err
-	}
-	ksize := min(size, 96)
-	rows, err := compare(side{filepath.Join(rdmaDir, "bench-rdma"), rdmaPID}, side{filepath.Join(tcpDir, "bench-tcp"), tcpPID}, ksize, rounds)
-	if err != nil {
-		return err
-	}
-	printTable(fmt.Sprintf("knfsd in the qemu guest (network %s): proto=rdma vs proto=tcp, %d MiB, median of %d", net, ksize, rounds), "rdma", "tcp", rows)
-	printBuffered("rdma", "tcp", rows)
 	return nil
 }

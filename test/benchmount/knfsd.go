@@ -1,0 +1,354 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
+)
+
+// knfsdCredits is the credit grant of the relay's responder: knfsd's
+// (svcrdma_max_requests, RPCRDMA_MAX_REQUESTS in Linux 6.1), so the relay
+// lets the client keep as many calls in flight as knfsd over siw does.
+const knfsdCredits = 64
+
+// startRelay serves RPC-over-RDMA on this host's loopback with the pure-Go
+// iWARP provider and relays each call over TCP to tcpAddr (knfsd in the
+// guest): an RDMA server whose RDMA side runs on the host's CPU, not on
+// the guest's emulated one. It returns the responder's address and the
+// function that stops it.
+func startRelay(tcpAddr string) (string, func(), error) {
+	tcp := oncrpc.NewTCPTransport(tcpAddr, oncrpc.TCPOptions{})
+	resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{
+		Provider: &iwarp.Provider{}, Handler: oncrpc.Relay(tcp, time.Minute),
+		ReplyBulk: nfsclient.ReplyBulk, RemoteInvalidate: true, Credits: knfsdCredits,
+	})
+	if err != nil {
+		tcp.Close()
+		return "", nil, fmt.Errorf("relay to %s: %w", tcpAddr, err)
+	}
+	return resp.Addr(), func() {
+		resp.Close()
+		tcp.Close()
+	}, nil
+}
+
+// startTCPRelay serves ONC RPC over TCP on this host's loopback and relays
+// each call over its own TCP connection to tcpAddr: the same extra hop as
+// startRelay's, with TCP on both sides, so that rdma-relay has a like
+// for like to be compared with.
+func startTCPRelay(tcpAddr string) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("tcp relay: %w", err)
+	}
+	tcp := oncrpc.NewTCPTransport(tcpAddr, oncrpc.TCPOptions{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		oncrpc.Serve(ln, oncrpc.Relay(tcp, time.Minute))
+	}()
+	return ln.Addr().String(), func() {
+		ln.Close()
+		tcp.Close()
+		<-done
+	}, nil
+}
+
+// variant is one way of mounting the knfsd export: its name in the table
+// and the side fio runs on. relayPID, if not zero, is a process between
+// the client and knfsd whose CPU time is reported on its own (the relay,
+// which runs in this process).
+type variant struct {
+	name     string
+	side     side
+	relayPID int
+}
+
+// rowN is one job's samples on each variant: s[v][round].
+type rowN struct {
+	job string
+	s   [][]sample
+	// relay[v][round] is the relay process's CPU seconds per GiB moved,
+	// for a variant with a relayPID.
+	relay [][]float64
+}
+
+// compareN runs each job on every variant, rounds times; each round
+// starts one variant later than the one before, so that no variant is
+// always first after the previous job.
+func compareN(vs []variant, js []job, rounds int) ([]rowN, error) {
+	var rows []rowN
+	for _, j := range js {
+		r := rowN{job: j.name, s: make([][]sample, len(vs)), relay: make([][]float64, len(vs))}
+		for round := range rounds {
+			for k := range vs {
+				i := (round + k) % len(vs)
+				smp, relay, err := fioRelay(vs[i], j)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", vs[i].name, err)
+				}
+				r.s[i] = append(r.s[i], smp)
+				r.relay[i] = append(r.relay[i], relay)
+			}
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// fioRelay runs j on v and also returns the CPU seconds per GiB moved
+// that v's relay process spent (zero without one).
+func fioRelay(v variant, j job) (sample, float64, error) {
+	if perfDir != "" {
+		stop, err := startPerf(v, j)
+		if err != nil {
+			return sample{}, 0, err
+		}
+		defer stop()
+	}
+	if v.relayPID == 0 {
+		smp, err := fio(v.side, j)
+		return smp, 0, err
+	}
+	cpu0, err := cpuTime(v.relayPID)
+	if err != nil {
+		return sample{}, 0, err
+	}
+	smp, err := fio(v.side, j)
+	if err != nil {
+		return sample{}, 0, err
+	}
+	cpu1, err := cpuTime(v.relayPID)
+	if err != nil {
+		return sample{}, 0, err
+	}
+	return smp, perGiB(cpu1-cpu0, smp.bytesMoved), nil
+}
+
+// perfDir, if set (-perf), is where fioRelay has perf(1) record the
+// rdmafs process (and the relay) during each job, one file per variant,
+// job and process: perf report -i FILE.data --no-children; FILE.stat
+// counts its context switches and read, write, futex and epoll calls.
+var perfDir string
+
+// startPerf starts perf record on v's rdmafs process and relay and returns
+// the function that stops it and waits for the files to be written.
+func startPerf(v variant, j job) (func(), error) {
+	name := strings.ReplaceAll(v.name+"-"+j.name, " ", "-")
+	pids := map[string]int{"client": v.side.pid}
+	if v.relayPID != 0 {
+		pids["relay"] = v.relayPID
+	}
+	var cmds []*exec.Cmd
+	for who, pid := range pids {
+		out := filepath.Join(perfDir, fmt.Sprintf("%s-%s.data", name, who))
+		// Go binaries keep frame pointers: -g walks them.
+		cmd := exec.Command("perf", "record", "-q", "-F", "999", "-g", "-p", strconv.Itoa(pid), "-o", out)
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("perf record: %w", err)
+		}
+		// And counts: context switches and the syscalls a message costs.
+		stat := exec.Command("perf", "stat", "-e", "context-switches,syscalls:sys_enter_read,syscalls:sys_enter_write,"+
+			"syscalls:sys_enter_writev,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_pwait",
+			"-p", strconv.Itoa(pid), "-o", strings.TrimSuffix(out, ".data")+".stat")
+		if err := stat.Start(); err != nil {
+			return nil, fmt.Errorf("perf stat: %w", err)
+		}
+		cmds = append(cmds, cmd, stat)
+	}
+	time.Sleep(500 * time.Millisecond) // let perf attach
+	return func() {
+		for _, c := range cmds {
+			c.Process.Signal(os.Interrupt)
+			c.Wait()
+		}
+	}, nil
+}
+
+// perGiB returns CPU seconds per GiB for cpu spent moving n bytes (zero
+// if none moved).
+func perGiB(cpu time.Duration, n int64) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return cpu.Seconds() / (float64(n) / (1 << 30))
+}
+
+// ratio names two variants, by index, whose per-round ratio a table
+// prints.
+type ratio struct{ a, b int }
+
+// printTableN writes one row per job: each variant's MB/s, the ratios
+// (the median of per-round ratios), each variant's client CPU seconds per
+// GiB and the same ratios of them, and the relay process's CPU seconds
+// per GiB for each variant that has one.
+func printTableN(w io.Writer, title string, vs []variant, ratios []ratio, rows []rowN) {
+	var head, sep strings.Builder
+	head.WriteString("| job |")
+	add := func(format string, a ...any) {
+		fmt.Fprintf(&head, " "+format+" |", a...)
+		sep.WriteString("---|")
+	}
+	for _, v := range vs {
+		add("%s MB/s", v.name)
+	}
+	for _, q := range ratios {
+		add("%s/%s", vs[q.a].name, vs[q.b].name)
+	}
+	for _, v := range vs {
+		add("%s CPU s/GiB", v.name)
+	}
+	for _, q := range ratios {
+		add("CPU %s/%s", vs[q.a].name, vs[q.b].name)
+	}
+	for _, v := range vs {
+		if v.relayPID != 0 {
+			add("%s relay process CPU s/GiB", v.name)
+		}
+	}
+	fmt.Fprintf(w, "\n%s\n%s\n|---|%s\n", title, head.String(), sep.String())
+	mbps := func(s sample) float64 { return s.mbps }
+	cpu := func(s sample) float64 { return s.cpuPerGiB }
+	for _, r := range rows {
+		var cells []string
+		for i := range vs {
+			m, _, _ := medians(r.s[i], r.s[0], mbps)
+			cells = append(cells, fmt.Sprintf("%.0f", m))
+		}
+		for _, q := range ratios {
+			_, _, ratio := medians(r.s[q.a], r.s[q.b], mbps)
+			cells = append(cells, fmt.Sprintf("%.2f", ratio))
+		}
+		for i := range vs {
+			c, _, _ := medians(r.s[i], r.s[0], cpu)
+			cells = append(cells, fmt.Sprintf("%.2f", c))
+		}
+		for _, q := range ratios {
+			_, _, ratio := medians(r.s[q.a], r.s[q.b], cpu)
+			cells = append(cells, fmt.Sprintf("%.2f", ratio))
+		}
+		for i, v := range vs {
+			if v.relayPID != 0 {
+				cells = append(cells, fmt.Sprintf("%.2f", median(r.relay[i])))
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s |\n", r.job, strings.Join(cells, " | "))
+	}
+}
+
+// pairRows returns the rows of variants a and b as two-sided rows (for
+// printBuffered).
+func pairRows(rows []rowN, a, b int) []row {
+	var out []row
+	for _, r := range rows {
+		out = append(out, row{job: r.job, a: r.s[a], b: r.s[b]})
+	}
+	return out
+}
+
+// benchKnfsd measures knfsd in the qemu guest, whose network is net
+// (test/kpeer KPEER_NET), mounted with proto=tcp and proto=rdma (siw in
+// the guest), and with relay also twice through this process: tcp-relay,
+// proto=tcp to a relay, and rdma-relay, proto=rdma to a responder on the
+// pure-Go provider, both relaying over TCP to the same knfsd. rdma-relay
+// takes siw and the guest's emulated CPU out of the RDMA path: if it runs
+// as fast as tcp-relay, the client's RDMA path is not what limits
+// proto=rdma.
+func benchKnfsd(abs, net string, size, rounds int, relay bool, match *regexp.Regexp) error {
+	if net != "user" && net != "passt" {
+		return fmt.Errorf("-knfsd-net %s: want user or passt", net)
+	}
+	ksize := min(size, 96)
+	js := selectJobs(jobs(ksize), match)
+	mounts := 2
+	if relay {
+		mounts = 4
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	// Each mount writes its own file in the tmpfs export (the guest has
+	// 1 GiB; the export's default is 256 MiB).
+	k, err := testpeer.StartKnfsd(ctx, testpeer.KnfsdOptions{Env: []string{"KPEER_NET=" + net},
+		Append: fmt.Sprintf("kpeer.exportsize=%dm", mounts*ksize+64)})
+	if err != nil {
+		return fmt.Errorf("start knfsd: %w", err)
+	}
+	defer k.Stop()
+	port := func(addr string) string { return addr[strings.LastIndexByte(addr, ':')+1:] }
+	type mount struct {
+		name, sub string
+		opts      []string
+		relay     bool
+	}
+	ms := []mount{
+		{name: "tcp", sub: "bench-tcp", opts: []string{"port=" + port(k.TCPAddr)}},
+		{name: "rdma", sub: "bench-rdma", opts: []string{"proto=rdma", "port=" + port(k.RDMAAddr)}},
+	}
+	// Ratios to proto=tcp, and with the relays rdma-relay to tcp-relay:
+	// the same hop, the same server path, only the client's transport
+	// differs.
+	ratios := []ratio{{1, 0}}
+	if relay {
+		addr, stop, err := startRelay(k.TCPAddr)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		taddr, tstop, err := startTCPRelay(k.TCPAddr)
+		if err != nil {
+			return err
+		}
+		defer tstop()
+		ms = append(ms,
+			mount{name: "tcp-relay", sub: "bench-tcp-relay", opts: []string{"port=" + port(taddr)}, relay: true},
+			mount{name: "rdma-relay", sub: "bench-relay", opts: []string{"proto=rdma", "port=" + port(addr)}, relay: true})
+		ratios = append(ratios, ratio{3, 0}, ratio{3, 2})
+	}
+	var vs []variant
+	for _, m := range ms {
+		dir, umount, err := mountRdmafs(abs, "127.0.0.1:/", m.opts...)
+		if err != nil {
+			return err
+		}
+		defer umount()
+		// All mounts see the same tmpfs export: separate directories.
+		d := filepath.Join(dir, m.sub)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		pid, err := servingPID(abs, dir)
+		if err != nil {
+			return err
+		}
+		v := variant{name: m.name, side: side{d, pid}}
+		if m.relay {
+			v.relayPID = os.Getpid()
+		}
+		vs = append(vs, v)
+	}
+	rows, err := compareN(vs, js, rounds)
+	if err != nil {
+		return err
+	}
+	title := fmt.Sprintf("knfsd in the qemu guest (network %s): proto=tcp, proto=rdma (siw in the guest)", net)
+	if relay {
+		title += ", tcp-relay and rdma-relay (proto=tcp or proto=rdma to a server on this host relaying over TCP)"
+	}
+	printTableN(os.Stdout, fmt.Sprintf("%s, %d MiB, median of %d", title, ksize, rounds), vs, ratios, rows)
+	printBuffered("rdma", "tcp", pairRows(rows, 1, 0))
+	return nil
+}
