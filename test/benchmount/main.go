@@ -264,12 +264,17 @@ func selectJobs(js []job, match *regexp.Regexp) []job {
 	return out
 }
 
-// compare runs every job on a and b, alternating, rounds times.
+// compare runs every job on a and b, alternating, rounds times. Each
+// round runs all the jobs in order, so a buffered job and the O_DIRECT job
+// printBuffered divides it by are taken minutes apart at most, not a
+// whole job's rounds apart: on a shared machine the load moves that much.
 func compare(a, b side, js []job, rounds int) ([]row, error) {
-	var rows []row
-	for _, j := range js {
-		r := row{job: j.name}
-		for range rounds {
+	rows := make([]row, len(js))
+	for i, j := range js {
+		rows[i].job = j.name
+	}
+	for range rounds {
+		for i, j := range js {
 			sa, err := fio(a, j)
 			if err != nil {
 				return nil, err
@@ -278,9 +283,8 @@ func compare(a, b side, js []job, rounds int) ([]row, error) {
 			if err != nil {
 				return nil, err
 			}
-			r.a, r.b = append(r.a, sa), append(r.b, sb)
+			rows[i].a, rows[i].b = append(rows[i].a, sa), append(rows[i].b, sb)
 		}
-		rows = append(rows, r)
 	}
 	return rows, nil
 }
