@@ -221,25 +221,25 @@ func printTableN(w io.Writer, title string, vs []variant, ratios []ratio, rows [
 		}
 	}
 	fmt.Fprintf(w, "\n%s\n%s\n|---|%s\n", title, head.String(), sep.String())
-	mbps := func(s sample) float64 { return s.mbps }
-	cpu := func(s sample) float64 { return s.cpuPerGiB }
+	// MB/s, then CPU s/GiB: each variant's median, then the ratios.
+	metrics := []struct {
+		of     func(sample) float64
+		format string
+	}{
+		{func(s sample) float64 { return s.mbps }, "%.0f"},
+		{func(s sample) float64 { return s.cpuPerGiB }, "%.2f"},
+	}
 	for _, r := range rows {
 		var cells []string
-		for i := range vs {
-			m, _, _ := medians(r.s[i], r.s[0], mbps)
-			cells = append(cells, fmt.Sprintf("%.0f", m))
-		}
-		for _, q := range ratios {
-			_, _, ratio := medians(r.s[q.a], r.s[q.b], mbps)
-			cells = append(cells, fmt.Sprintf("%.2f", ratio))
-		}
-		for i := range vs {
-			c, _, _ := medians(r.s[i], r.s[0], cpu)
-			cells = append(cells, fmt.Sprintf("%.2f", c))
-		}
-		for _, q := range ratios {
-			_, _, ratio := medians(r.s[q.a], r.s[q.b], cpu)
-			cells = append(cells, fmt.Sprintf("%.2f", ratio))
+		for _, mt := range metrics {
+			for i := range vs {
+				m, _, _ := medians(r.s[i], r.s[0], mt.of)
+				cells = append(cells, fmt.Sprintf(mt.format, m))
+			}
+			for _, q := range ratios {
+				_, _, ratio := medians(r.s[q.a], r.s[q.b], mt.of)
+				cells = append(cells, fmt.Sprintf("%.2f", ratio))
+			}
 		}
 		for i, v := range vs {
 			if v.relayPID != 0 {
