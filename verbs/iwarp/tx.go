@@ -376,10 +376,10 @@ func (q *QP) serveRead(rr readRequest) error {
 			// peer learns why its read ends (RFC 5040 s7).
 			return readFault(rr, RDMAPCodeInvalidSTag, fmt.Errorf("inbound RDMA Read: STag %#08x invalidated during the response: %w", rr.srcSTag, verbs.ErrInvalidSTag))
 		}
-		// Up to respBatch segments per system call; fewer than a
-		// full batch, so that Sends interleave with a long response.
+		// Up to respBatchBytes per system call, so that Sends
+		// interleave with a long response.
 		last := false
-		for range respBatch {
+		for range respSegs(maxPayload) {
 			k := min(len(src)-off, maxPayload)
 			last = off+k == len(src)
 			if last {
@@ -454,8 +454,17 @@ func (q *QP) respondInline(rr readRequest) bool {
 	return true
 }
 
-// respBatch is how many Read Response segments go out per system call.
-const respBatch = 8
+// respBatchBytes is how much of a Read Response goes out per system
+// call: a whole 1 MiB response (an NFS WRITE's Read chunk, RFC 8166
+// s3.4.5) in one. The batch points into the region, so its size costs
+// no memory; a Send posted meanwhile waits for at most one batch.
+const respBatchBytes = 1 << 20
+
+// respSegs is how many Read Response segments of at most maxPayload
+// bytes a batch holds: respBatchBytes' worth, within the writer's batch.
+func respSegs(maxPayload int) int {
+	return min(maxBatch, (respBatchBytes+maxPayload-1)/maxPayload)
+}
 
 // readFault is the Terminate for an inbound RDMA Read that cannot be
 // served: a remote protection error with the offending Read Request
