@@ -600,7 +600,7 @@ func (q *QP) rxReadRequest(rs *rxState, h *ddpHeader, n int) error {
 			break
 		}
 	}
-	if rr.size == 0 && k == 1 && q.respondInline(rr) {
+	if k == 1 && q.respondInline(rr) {
 		return nil
 	}
 	select {
