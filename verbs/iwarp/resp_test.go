@@ -3,6 +3,7 @@ package iwarp
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -105,4 +106,90 @@ func TestLargeReadInlineHandoff(t *testing.T) {
 	if err := src.Deregister(); err != nil {
 		t.Fatalf("deregister after the responses: %v", err)
 	}
+}
+
+// TestCrossedLargeReads: two queue pairs RDMA-Read 1 MiB from each other
+// at the same time, several reads deep, through small socket buffers.
+// Each answers the other's requests from its receiving goroutine while
+// its socket takes them and leaves the rest to its responder goroutine:
+// neither receiving goroutine waits for its socket, so the two never wait
+// for each other, and every read gets the other side's bytes.
+func TestCrossedLargeReads(t *testing.T) {
+	ctx := testCtx(t)
+	c, s := pair(t, nil, nil)
+	qps := []*QP{c, s}
+	const size, rounds = 1 << 20, 8
+	var srcs [2]*verbs.MemoryRegion
+	var data [2][]byte
+	for i, qp := range qps {
+		if err := qp.conn.(*net.TCPConn).SetWriteBuffer(8 << 10); err != nil {
+			t.Fatal(err)
+		}
+		data[i] = randBytes(size, uint64(20+i))
+		srcs[i] = reg(t, qp.PD(), data[i], verbs.AccessRemoteRead)
+	}
+	errs := make(chan error, 2)
+	for i, qp := range qps {
+		peer := srcs[1-i]
+		want := data[1-i]
+		go func() {
+			depth := min(qp.ORD(), 4)
+			sinks := make([][]byte, depth)
+			mrs := make([]*verbs.MemoryRegion, depth)
+			for j := range sinks {
+				sinks[j] = make([]byte, size)
+				mr, err := qp.PD().RegisterMemory(sinks[j], verbs.AccessLocalWrite)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mrs[j] = mr
+			}
+			post := func(n int) error {
+				j := n % depth
+				return qp.PostSend(verbs.SendWR{WRID: uint64(n), Opcode: verbs.OpRDMARead, Length: size,
+					SGL: []verbs.SGE{{MR: mrs[j], Length: size}}, RemoteSTag: peer.STag()})
+			}
+			for n := range depth {
+				if err := post(n); err != nil {
+					errs <- err
+					return
+				}
+			}
+			var wc [1]verbs.Completion
+			for n := range rounds {
+				if _, err := qp.SendCQ().Poll(ctx, wc[:]); err != nil {
+					errs <- err
+					return
+				}
+				if wc[0].Status != verbs.StatusSuccess || wc[0].WRID != uint64(n) {
+					errs <- fmt.Errorf("completion %+v, want read %d", wc[0], n)
+					return
+				}
+				if !bytes.Equal(sinks[n%depth], want) {
+					errs <- fmt.Errorf("read %d: wrong bytes", n)
+					return
+				}
+				clear(sinks[n%depth])
+				if n+depth < rounds {
+					if err := post(n + depth); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range qps {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, qp := range qps {
+		if qp.Err() != nil {
+			t.Fatal(qp.Err())
+		}
+	}
+	t.Logf("inline responses finished by the responder: %d, %d", c.respHandoffs.Load(), s.respHandoffs.Load())
 }
