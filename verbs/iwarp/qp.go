@@ -128,7 +128,8 @@ type QP struct {
 	rd  recvDelivery
 
 	// onPlace and onServe, set before the queue pair starts (Setup),
-	// run when a tagged placement or a Read Response has its region.
+	// run when a tagged placement or a Read Response has its region
+	// (a small buffered placement: just before it looks it up).
 	onPlace, onServe func()
 
 	// The transmit side (tx.go), under mu: txBusy: a sender owns it;
