@@ -254,6 +254,26 @@ func (pd *ProtectionDomain) BeginAccess(stag uint32, need Access, off, n uint64,
 	return mr.buf[off : off+n : off+n], mr, nil
 }
 
+// Place is for providers: it checks an access like Begin and calls place
+// with the region's bytes while holding the domain's lock, for a
+// placement that cannot wait (a copy of bytes already received): an
+// invalidation cannot overlap it, and it costs one lock where Begin and
+// End take two. place must be short, must not block and must not call
+// into the domain; it returns how many bytes it placed at off (see
+// EndAccess and Placed), 0 if it failed. Place returns the lookup's
+// error, or place's.
+func (pd *ProtectionDomain) Place(stag uint32, need Access, off, n uint64, place func([]byte) (uint64, error)) error {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	mr, err := pd.lookupLocked(stag, need, off, n)
+	if err != nil {
+		return err
+	}
+	placed, err := place(mr.buf[off : off+n : off+n])
+	mr.notePlacedLocked(off, placed)
+	return err
+}
+
 // End ends an access that Begin started.
 func (mr *MemoryRegion) End() { mr.EndAccess(nil, 0, 0) }
 
@@ -274,14 +294,20 @@ func (mr *MemoryRegion) EndAccess(a Aborter, off, placed uint64) {
 			}
 		}
 	}
-	if placed > 0 && off <= mr.placed && off+placed > mr.placed {
-		mr.placed = off + placed
-	}
+	mr.notePlacedLocked(off, placed)
 	mr.busy--
 	if mr.busy == 0 && mr.waiters > 0 {
 		mr.pd.idle.Broadcast()
 	}
 	mr.pd.mu.Unlock()
+}
+
+// notePlacedLocked extends the region's gapless placed prefix by the
+// placed bytes at off; called with pd.mu held.
+func (mr *MemoryRegion) notePlacedLocked(off, placed uint64) {
+	if placed > 0 && off <= mr.placed && off+placed > mr.placed {
+		mr.placed = off + placed
+	}
 }
 
 // Placed returns how many bytes from the region's start the peer has

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/verbs"
@@ -120,12 +121,34 @@ func TestInvalidateStopsStalledPlacement(t *testing.T) {
 // was read from the region after the invalidation (RFC 8166 s8.1.3): the
 // memory is overwritten once the invalidation has returned, and the
 // overwritten value never reaches the peer. The response is cut short and
-// the queue pair breaks.
+// the queue pair breaks. The response is the responder goroutine's, or
+// one the receiving goroutine started (respondInline) and left to it when
+// the socket was full.
 func TestInvalidateStopsReadResponse(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		name := "responder"
+		if inline {
+			name = "inline"
+		}
+		t.Run(name, func(t *testing.T) { testInvalidateStopsReadResponse(t, inline) })
+	}
+}
+
+func testInvalidateStopsReadResponse(t *testing.T, inline bool) {
 	ctx := testCtx(t)
 	pd := verbs.NewProtectionDomain()
 	onServe, serving := signal(nil)
+	if inline {
+		onServe = nil // a test hook keeps reads off the inline path
+	}
 	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, onServe))
+	if inline {
+		// The socket takes a little of the response: the rest is
+		// left to the responder goroutine.
+		if err := qp.conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+			t.Fatal(err)
+		}
+	}
 	const size = 16 << 20
 	const before, after = 0x11, 0xbb
 	src := bytes.Repeat([]byte{before}, size)
@@ -139,7 +162,11 @@ func TestInvalidateStopsReadResponse(t *testing.T) {
 		t.Fatal(err)
 	}
 	peer.mustWrite(peer.readRequestFPDU(readRequest{sinkSTag: 0x4200, size: size, srcSTag: stag}))
-	wait(ctx, t, serving, "the response did not start")
+	if inline {
+		waitHandoff(ctx, t, qp)
+	} else {
+		wait(ctx, t, serving, "the response did not start")
+	}
 	if err := fr.InvalidateContext(ctx); err != nil {
 		t.Fatalf("invalidate during a Read Response: %v", err)
 	}

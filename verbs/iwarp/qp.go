@@ -92,37 +92,44 @@ type QP struct {
 	txExited  bool
 
 	// Inbound RDMA Read Requests waiting for the responder, at most IRD.
-	irq       chan readRequest
-	respKick  chan struct{} // the responder writes what respondInline left
-	irqCount  atomic.Int32
-	wg        sync.WaitGroup
-	closeOnce sync.Once
+	irq      chan readRequest
+	respKick chan struct{} // the responder writes what respondInline left
+	// Under w.mu (resp.go): the inline response the responder
+	// finishes; the responder goroutine has exited.
+	inl        inlineResp
+	respExited bool
+	irqCount   atomic.Int32
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
 
 	// Accesses to registered memory that an invalidation stops: the
 	// rx goroutine's placement and the responder's Read Response.
 	rxStop, respStop stopper
+	inlStop          stopper // an inline Read Response's (resp.go)
 
 	// copied counts payload bytes placed by way of the buffered reader
 	// (a user-space copy) rather than read straight into place.
 	copied atomic.Uint64
 
 	// Instrumentation for tests.
-	maxReads    atomic.Int32 // most outbound reads in flight at once
-	maxIRQ      atomic.Int32 // most inbound reads queued at once
-	termWritten chan struct{}
-	termStarted atomic.Bool
-	closing     chan struct{} // closed when Close starts
-	rxSeen      atomic.Bool   // an FPDU has arrived
-	kicks       atomic.Int32  // zero-length Writes sent by kickLoop
-	handoffs    atomic.Int32  // direct posts whose write the tx goroutine finished
-	kick        bool          // active side: run kickLoop after the first transmission
-	kickStarted bool          // owned by the transmit side's owner
+	maxReads     atomic.Int32 // most outbound reads in flight at once
+	maxIRQ       atomic.Int32 // most inbound reads queued at once
+	termWritten  chan struct{}
+	termStarted  atomic.Bool
+	closing      chan struct{} // closed when Close starts
+	rxSeen       atomic.Bool   // an FPDU has arrived
+	kicks        atomic.Int32  // zero-length Writes sent by kickLoop
+	handoffs     atomic.Int32  // direct posts whose write the tx goroutine finished
+	respHandoffs atomic.Int32  // inline Read Responses the responder goroutine finished
+	kick         bool          // active side: run kickLoop after the first transmission
+	kickStarted  bool          // owned by the transmit side's owner
 	// Delivery of receive completions (handler.go).
 	hmu sync.Mutex
 	rd  recvDelivery
 
 	// onPlace and onServe, set before the queue pair starts (Setup),
-	// run when a tagged placement or a Read Response has its region.
+	// run when a tagged placement or a Read Response has its region
+	// (a small buffered placement: just before it looks it up).
 	onPlace, onServe func()
 
 	// The transmit side (tx.go), under mu: txBusy: a sender owns it;
@@ -164,6 +171,7 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 	q.w.init(conn, n.crc)
 	q.rxStop.q = q
 	q.respStop.q, q.respStop.write = q, true
+	q.inlStop.q, q.inlStop.write = q, true
 	return q
 }
 

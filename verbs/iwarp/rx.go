@@ -425,6 +425,9 @@ func (q *QP) placeAccess(rs *rxState, h *ddpHeader, n int, need verbs.Access, wh
 		// that cannot wait for the peer, so there is nothing for an
 		// invalidation to stop (the invalidation waits for the copy).
 		// Small FPDUs take this path, without the stopper's locking.
+		if n <= placeUnderLock {
+			return q.placeLocked(rs, h, n, need, what)
+		}
 		dst, mr, err := q.pd.BeginAccess(h.stag, need, h.to, uint64(n), nil)
 		if err != nil {
 			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("%s: %w", what, err))
@@ -462,6 +465,34 @@ func (q *QP) placeAccess(rs *rxState, h *ddpHeader, n int, need verbs.Access, wh
 		return err
 	}
 	mr.EndAccess(&q.rxStop, h.to, uint64(n))
+	return nil
+}
+
+// placeUnderLock: a buffered payload up to this size is placed under the
+// domain's lock (placeLocked); a larger one would hold it too long.
+const placeUnderLock = 8 << 10
+
+// placeLocked places a tagged payload that is all in the buffered reader
+// under the domain's lock (verbs.ProtectionDomain.Place): one lock for
+// the check and the copy, where Begin and End take two, and no
+// invalidation can overlap it.
+func (q *QP) placeLocked(rs *rxState, h *ddpHeader, n int, need verbs.Access, what string) error {
+	if q.onPlace != nil {
+		q.onPlace() // before the lookup: it must not run under the lock
+	}
+	var perr error // placeTagged's: not a protection fault
+	err := q.pd.Place(h.stag, need, h.to, uint64(n), func(dst []byte) (uint64, error) {
+		if perr = q.placeTagged(rs, dst); perr != nil {
+			return 0, perr
+		}
+		return uint64(n), nil
+	})
+	switch {
+	case perr != nil:
+		return perr
+	case err != nil:
+		return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("%s: %w", what, err))
+	}
 	return nil
 }
 
@@ -600,7 +631,7 @@ func (q *QP) rxReadRequest(rs *rxState, h *ddpHeader, n int) error {
 			break
 		}
 	}
-	if rr.size == 0 && k == 1 && q.respondInline(rr) {
+	if k == 1 && q.respondInline(rr) {
 		return nil
 	}
 	select {

@@ -3,6 +3,7 @@ package iwarp
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"net"
 	"sync"
@@ -35,6 +36,10 @@ const (
 // (RFC 5040 s5.3); nothing more is written.
 var errSealed = errors.New("iwarp: stream closed by a Terminate")
 
+// errRestStopped: the pending rest of a Read Response segment cannot be
+// written, an invalidation stopped the response (fpduWriter.pendStop).
+var errRestStopped = errors.New("iwarp: Read Response stopped inside a segment: its region was invalidated")
+
 // fpduWriter frames ULPDUs into MPA FPDUs (RFC 5044 s4.1: length, ULPDU,
 // pad to 4 bytes, CRC) and writes batches of them with vectored writes.
 // The mutex keeps FPDUs of different senders from interleaving.
@@ -56,6 +61,10 @@ type fpduWriter struct {
 	// bufs is what remains to be written of the batch; after a
 	// partial non-blocking write it is the pending rest.
 	bufs net.Buffers
+	// pendStop, if not nil, is the stopper of the access whose memory
+	// the pending rest reads (an inline Read Response, resp.go): it is
+	// written as part of that access, or not at all once stopped.
+	pendStop *stopper
 
 	iov [maxIovecs]unix.Iovec
 	wn  int                   // bytes the last writev wrote
@@ -154,8 +163,17 @@ func (w *fpduWriter) flushLocked() error {
 	if len(w.bufs) == 0 {
 		return nil
 	}
+	s := w.pendStop
+	w.pendStop = nil
+	if s != nil && !s.ioStart() {
+		w.bufs = nil
+		return errRestStopped
+	}
 	_, err := w.bufs.WriteTo(w.conn)
 	w.bufs = nil
+	if s != nil && s.ioEnd() && err != nil {
+		return fmt.Errorf("%w: %w", errRestStopped, err)
+	}
 	return err
 }
 
