@@ -604,20 +604,22 @@ type gate struct {
 	mu       sync.Mutex
 	cond     sync.Cond
 	budget   int64 // bytes the peer may still write; < 0: no limit
-	readHeld bool  // the peer reads nothing
+	readLeft int64 // bytes the peer may still read; < 0: no limit
 	reads    int64 // bytes the peer has read
 	closed   bool
 }
 
-// Read is the peer's input; while reads are held the requester's writes
-// block (a net.Pipe has no buffer). A read already waiting when the hold
-// starts still returns once.
+// Read is the peer's input; once the read limit is used up the
+// requester's writes block (a net.Pipe has no buffer).
 func (g *gate) Read(p []byte) (int, error) {
 	g.mu.Lock()
-	for g.readHeld && !g.closed {
+	for g.readLeft == 0 && !g.closed {
 		g.cond.Wait()
 	}
 	closed := g.closed
+	if g.readLeft > 0 && int64(len(p)) > g.readLeft {
+		p = p[:g.readLeft]
+	}
 	g.mu.Unlock()
 	if closed {
 		return 0, net.ErrClosed
@@ -625,16 +627,22 @@ func (g *gate) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)
 	g.mu.Lock()
 	g.reads += int64(n)
+	if g.readLeft > 0 {
+		g.readLeft -= int64(n)
+	}
 	g.cond.Broadcast()
 	g.mu.Unlock()
 	return n, err
 }
 
-// holdReads stops the peer reading and returns how much it has read.
-func (g *gate) holdReads() int64 {
+// holdReads lets the peer read n more bytes, then stops it reading, and
+// returns how much it has read so far. A byte count, not "the read in
+// progress": whether the peer's receiving goroutine is already waiting
+// in Read when the hold starts is up to the scheduler.
+func (g *gate) holdReads(n int64) int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.readHeld = true
+	g.readLeft = n
 	return g.reads
 }
 
@@ -662,7 +670,7 @@ func (g *gate) waitCond(ctx context.Context, cond func() bool) error {
 }
 
 func newGate(c net.Conn) *gate {
-	g := &gate{Conn: c, budget: -1}
+	g := &gate{Conn: c, budget: -1, readLeft: -1}
 	g.cond.L = &g.mu
 	return g
 }
@@ -714,7 +722,7 @@ func (g *gate) waitStalled(ctx context.Context) error {
 // open lets the peer read and write again.
 func (g *gate) open() {
 	g.mu.Lock()
-	g.budget, g.readHeld = -1, false
+	g.budget, g.readLeft = -1, -1
 	g.cond.Broadcast()
 	g.mu.Unlock()
 }

@@ -415,9 +415,9 @@ func TestHostileStalledTransfer(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "read":
-				// The peer stops reading once the Read Response has
-				// started: the requester is sending it when it stalls.
-				n := pc.gate.holdReads()
+				// The peer stops reading 1000 bytes into the Read
+				// Response: the requester is sending it when it stalls.
+				n := pc.gate.holdReads(1000)
 				r := m.Hdr.Reads[0]
 				pc.postRead(r.Handle, r.Offset, int(r.Length))
 				if err := pc.gate.waitRead(fp.ctx, n); err != nil {
@@ -480,7 +480,7 @@ func TestHostileReplyDuringReadResponse(t *testing.T) {
 	if len(m.Hdr.Reads) != 1 {
 		t.Fatalf("call sent with %d read segments, want a Read chunk", len(m.Hdr.Reads))
 	}
-	n := pc.gate.holdReads()
+	n := pc.gate.holdReads(1000) // the Read Response starts, then stalls
 	rs := m.Hdr.Reads[0]
 	pc.postRead(rs.Handle, rs.Offset, int(rs.Length))
 	pc.mu.Lock()
