@@ -105,13 +105,7 @@ func TestSmallFileRPCs(t *testing.T) {
 		for i := range files {
 			before := countOps(m)
 			name := filepath.Join(d, fmt.Sprintf("f%d.c", i))
-			f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := f.Write(data); err != nil {
-				t.Fatal(err)
-			}
+			f := createWritten(t, name, data)
 			if err := f.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -183,13 +177,7 @@ func TestTarFileRPCs(t *testing.T) {
 		for i := range files {
 			before := countOps(m)
 			name := filepath.Join(top, fmt.Sprintf("f%d.c", i))
-			f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := f.Write(data); err != nil {
-				t.Fatal(err)
-			}
+			f := createWritten(t, name, data)
 			// A zero atime is UTIME_OMIT, as tar sends it.
 			if err := os.Chtimes(name, time.Time{}, mtime); err != nil {
 				t.Fatal(err)
@@ -256,4 +244,19 @@ func TestWriteStatRPCs(t *testing.T) {
 			t.Errorf("create, write, fstat: %v, want WRITE=1 and no GETATTR", got)
 		}
 	})
+}
+
+// createWritten creates name (it must be new) and writes data to it, as
+// tar x does for each file, and returns the file still open.
+func createWritten(t *testing.T, name string, data []byte) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	return f
 }
