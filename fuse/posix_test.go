@@ -33,15 +33,10 @@ type peer struct {
 	deleg              bool // let OPEN hand out delegations
 }
 
+// forEachPeer runs f on every server: over TCP (tcpPeers), then over
+// RPC-over-RDMA.
 func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
-	t.Run("knfsd", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", limitsOf: "knfsd"})
-	})
-	t.Run("ganesha", func(t *testing.T) {
-		g := testpeer.RequireGanesha(t)
-		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export, limitsOf: "ganesha"})
-	})
+	tcpPeers(t, f)
 	// The same over RPC-over-RDMA: knfsd's RDMA listener (negotiation
 	// falls back to version 1), and version 2 through our responder
 	// relaying to ganesha.

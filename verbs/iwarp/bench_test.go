@@ -183,9 +183,9 @@ func BenchmarkTCPWrite1MiB(b *testing.B) {
 	}
 }
 
-// BenchmarkTCPPingPong64 is the baseline for BenchmarkSendRecv64: 64-byte
-// echo round trips on plain loopback TCP.
-func BenchmarkTCPPingPong64(b *testing.B) {
+// tcpEcho64 returns one end of a loopback TCP connection whose other end
+// a goroutine serves, echoing each 64 bytes back.
+func tcpEcho64(b *testing.B) net.Conn {
 	c, s := tcpPair(b)
 	go func() {
 		buf := make([]byte, 64)
@@ -198,6 +198,13 @@ func BenchmarkTCPPingPong64(b *testing.B) {
 			}
 		}
 	}()
+	return c
+}
+
+// BenchmarkTCPPingPong64 is the baseline for BenchmarkSendRecv64: 64-byte
+// echo round trips on plain loopback TCP.
+func BenchmarkTCPPingPong64(b *testing.B) {
+	c := tcpEcho64(b)
 	buf := make([]byte, 64)
 	b.SetBytes(64)
 	b.ReportAllocs()
@@ -221,19 +228,7 @@ func BenchmarkTCPPingPong64(b *testing.B) {
 //
 //	go test -run '^$' -bench RatioSendRecv64 ./verbs/iwarp
 func BenchmarkRatioSendRecv64(b *testing.B) {
-	// TCP: an echo goroutine.
-	tc, ts := tcpPair(b)
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			if _, err := io.ReadFull(ts, buf); err != nil {
-				return
-			}
-			if _, err := ts.Write(buf); err != nil {
-				return
-			}
-		}
-	}()
+	tc := tcpEcho64(b)
 	tbuf := make([]byte, 64)
 	tcpTrip := func() error {
 		if _, err := tc.Write(tbuf); err != nil {
