@@ -75,13 +75,7 @@ static int id_addr(struct rdma_cm_id *id, int peer, uint8_t *ip, int *port) {
 
 static int do_connect(struct rdma_cm_id *id, const void *pd, int pdlen, int rr, int id_) {
 	struct rdma_conn_param p;
-	memset(&p, 0, sizeof p);
-	p.private_data = pd;
-	p.private_data_len = pdlen;
-	p.responder_resources = rr;
-	p.initiator_depth = id_;
-	p.retry_count = 7;
-	p.rnr_retry_count = 7;
+	conn_param(&p, pd, pdlen, rr, id_);
 	return rdma_connect(id, &p) ? -errno : 0;
 }
 */

@@ -40,6 +40,20 @@ static inline int make_sockaddr(struct sockaddr_storage *ss, const uint8_t *ip, 
 	return -EINVAL;
 }
 
+// conn_param fills the connection parameters both sides of an RDMA-CM
+// connection send: the private data (the provider's exchange) and the
+// RDMA Read depths, with the most transport retries (7, the three-bit
+// field's largest) and RNR retries without limit (7 means infinite).
+static inline void conn_param(struct rdma_conn_param *p, const void *pd, int pdlen, int rr, int id_) {
+	memset(p, 0, sizeof *p);
+	p->private_data = pd;
+	p->private_data_len = pdlen;
+	p->responder_resources = rr;
+	p->initiator_depth = id_;
+	p->retry_count = 7;
+	p->rnr_retry_count = 7;
+}
+
 static inline const char *dev_name(struct ibv_context *c) { return ibv_get_device_name(c->device); }
 static inline int errno_of(void) { return errno; }
 
