@@ -80,6 +80,26 @@ func lockDenials(t *testing.T, mnt string) int {
 	return 0
 }
 
+// awaitBlocked waits until the lock waiter what, on mount mnt, is
+// blocked: its client has had a LOCK denied since the count was before.
+// It fails the test if the waiter ends first (ended), or if no denial
+// shows within a minute.
+func awaitBlocked(t *testing.T, peer, mnt string, before int, ended <-chan error, what string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for lockDenials(t, mnt) == before {
+		select {
+		case err := <-ended:
+			t.Fatalf("%s: %s ended (%v) while A holds the lock", peer, what, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no denied LOCK from %s", peer, what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
 func statsLine(t *testing.T, mnt, prefix string) string {
 	out, _ := runBin(t, time.Minute, "stats", mnt)
 	for _, l := range strings.Split(out, "\n") {
@@ -169,18 +189,7 @@ func TestLocksAcrossMounts(t *testing.T) {
 		before := lockDenials(t, mB)
 		done := make(chan error, 1)
 		go func() { done <- setlk(fb, syscall.F_WRLCK, 10, 10, true) }()
-		deadline := time.Now().Add(time.Minute)
-		for lockDenials(t, mB) == before { // the waiter's LOCK was denied
-			select {
-			case err := <-done:
-				t.Fatalf("%s: F_SETLKW returned %v while A holds the lock", p.name, err)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no denied LOCK from the blocked F_SETLKW", p.name)
-			}
-			time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-		}
+		awaitBlocked(t, p.name, mB, before, done, "F_SETLKW")
 		select {
 		case err := <-done:
 			t.Fatalf("%s: F_SETLKW returned %v while A holds the lock", p.name, err)
@@ -333,18 +342,7 @@ func TestLockWaitInterrupted(t *testing.T) {
 		}
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
-		deadline := time.Now().Add(time.Minute)
-		for lockDenials(t, mB) == before {
-			select {
-			case err := <-exited:
-				t.Fatalf("%s: flock(1) exited (%v) while A holds the lock", p.name, err)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no denied LOCK from flock(1)", p.name)
-			}
-			time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-		}
+		awaitBlocked(t, p.name, mB, before, exited, "flock(1)")
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case err := <-exited:
