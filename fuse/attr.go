@@ -84,28 +84,28 @@ func (n *node) setAttr(a *nfsclient.Attr) {
 
 // attrOut fills a GETATTR/SETATTR reply from the cached attributes.
 func (n *node) attrOut(out *gofuse.AttrOut) {
-	n.mu.Lock()
-	a, t := n.attr, n.acTimeout
-	n.mu.Unlock()
-	if a.Type == nfsclient.TypeReg && n.delegated() {
-		t = delegAttrTimeout
-	}
-	n.fsys.fillAttr(&a, &out.Attr)
-	out.SetTimeout(t)
+	out.SetTimeout(n.fillAttr(&out.Attr))
 }
 
 // entryOut fills a LOOKUP-style reply for child n of a directory.
 func (n *node) entryOut(out *gofuse.EntryOut) {
+	out.SetAttrTimeout(n.fillAttr(&out.Attr))
+	// A name stays valid as long as its directory's attributes would.
+	out.SetEntryTimeout(n.fsys.opts.AcDirMin)
+}
+
+// fillAttr fills out from the cached attributes and returns how long the
+// kernel may keep them: the attribute cache timeout, or longer for a
+// delegated regular file, whose changes the server would recall first.
+func (n *node) fillAttr(out *gofuse.Attr) time.Duration {
 	n.mu.Lock()
 	a, t := n.attr, n.acTimeout
 	n.mu.Unlock()
 	if a.Type == nfsclient.TypeReg && n.delegated() {
 		t = delegAttrTimeout
 	}
-	n.fsys.fillAttr(&a, &out.Attr)
-	out.SetAttrTimeout(t)
-	// A name stays valid as long as its directory's attributes would.
-	out.SetEntryTimeout(n.fsys.opts.AcDirMin)
+	n.fsys.fillAttr(&a, out)
+	return t
 }
 
 // sattrFromMode returns a SetAttr carrying the permission bits of mode.
