@@ -155,6 +155,17 @@ func dial(t *testing.T, p peer, topts oncrpc.TCPOptions) *Client {
 var rootCred = oncrpc.AuthSys{MachineName: "test"}.Credential()
 
 // testDir makes a fresh directory for one test under the export root.
+// createFile creates name in dir (GUARDED: an existing file is an error)
+// and opens it for reading and writing.
+func createFile(ctx context.Context, t *testing.T, c *Client, dir []byte, name string) *OpenFile {
+	t.Helper()
+	of, err := c.Open(ctx, rootCred, dir, name, OpenArgs{Access: ShareAccessBoth, Create: Guarded})
+	if err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	return of
+}
+
 func testDir(t *testing.T, c *Client) []byte {
 	t.Helper()
 	name := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), rand.Uint32())
@@ -537,10 +548,7 @@ func writeThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
 	}
 	defer c.Close(context.Background())
 	dir := testDir(t, c)
-	of, err := c.Open(ctx, rootCred, dir, "big", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
-	if err != nil {
-		t.Fatal(err)
-	}
+	of := createFile(ctx, t, c, dir, "big")
 	data := pattern(10<<20, 99)
 	w := c.NewUnstableWriter(rootCred, of, 4)
 	if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
@@ -658,10 +666,7 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 		}
 	}
 	dir := testDir(t, c)
-	of, err := c.Open(ctx, rootCred, dir, "data", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
-	if err != nil {
-		t.Fatal(err)
-	}
+	of := createFile(ctx, t, c, dir, "data")
 	// WRITE and READ data in the transport's registered memory, as the
 	// FUSE layer keeps it: no user-space copy in the transport.
 	pool := tr.Buffers()
@@ -763,10 +768,7 @@ func TestKnfsdDelegationRecall(t *testing.T) {
 			defer a.Close(context.Background())
 			b := dial(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/"}, oncrpc.TCPOptions{})
 			dir := testDir(t, a)
-			of, err := a.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
-			if err != nil {
-				t.Fatal(err)
-			}
+			of := createFile(ctx, t, a, dir, "f")
 			if err := a.CloseFile(ctx, rootCred, of); err != nil {
 				t.Fatal(err)
 			}
@@ -873,10 +875,7 @@ func TestCommitVerifierChangeResends(t *testing.T) {
 	c, flip := flipCommitClient(t)
 	ctx := testCtx(t)
 	dir := testDir(t, c)
-	of, err := c.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
-	if err != nil {
-		t.Fatal(err)
-	}
+	of := createFile(ctx, t, c, dir, "f")
 	data := pattern(3<<20, 11)
 	w := c.NewUnstableWriter(rootCred, of, 4)
 	if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {

@@ -18,10 +18,7 @@ func TestBackgroundCommit(t *testing.T) {
 	c := dial(t, peer{name: "ganesha", addr: g.Addr, export: g.Export}, oncrpc.TCPOptions{})
 	ctx := testCtx(t)
 	dir := testDir(t, c)
-	of, err := c.Open(ctx, rootCred, dir, "big", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
-	if err != nil {
-		t.Fatal(err)
-	}
+	of := createFile(ctx, t, c, dir, "big")
 	const piece, pieces, every, inFlight = 1 << 20, 12, 2 << 20, 4
 	data := pattern(piece*pieces, 5)
 	w := c.NewUnstableWriter(rootCred, of, inFlight)
@@ -64,10 +61,7 @@ func TestBackgroundCommitVerifierChange(t *testing.T) {
 	c, flip := flipCommitClient(t)
 	ctx := testCtx(t)
 	dir := testDir(t, c)
-	of, err := c.Open(ctx, rootCred, dir, "f", OpenArgs{Access: ShareAccessBoth, Create: Guarded})
-	if err != nil {
-		t.Fatal(err)
-	}
+	of := createFile(ctx, t, c, dir, "f")
 	data := pattern(4<<20, 12)
 	w := c.NewUnstableWriter(rootCred, of, 4)
 	w.CommitEvery(1) // the first WRITE that lands starts a COMMIT
