@@ -31,10 +31,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/exec"
@@ -184,7 +186,8 @@ func mountLoopback(orig string) (string, func(), error) {
 	}
 	sec := time.Second
 	srv, err := fs.Mount(dir, root, &fs.Options{AttrTimeout: &sec, EntryTimeout: &sec,
-		MountOptions: gofuse.MountOptions{FsName: orig, Name: "loopback", MaxWrite: 1 << 20, MaxReadAhead: 1 << 20, DirectMount: true}})
+		MountOptions: gofuse.MountOptions{FsName: orig, Name: "loopback", MaxWrite: 1 << 20, MaxReadAhead: 1 << 20, DirectMount: true,
+			Logger: log.New(spliceFilter{os.Stderr}, "", log.LstdFlags)}})
 	if err != nil {
 		return "", nil, fmt.Errorf("loopback mount: %w", err)
 	}
@@ -192,6 +195,18 @@ func mountLoopback(orig string) (string, func(), error) {
 		srv.Unmount()
 		os.Remove(dir)
 	}, nil
+}
+
+// spliceFilter drops go-fuse's "trySplice:" lines, one per 1 MiB read
+// where fs.pipe-max-size is 1 MiB (the default): the reply, header
+// included, does not fit in a pipe and go-fuse copies it instead.
+type spliceFilter struct{ w io.Writer }
+
+func (f spliceFilter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("trySplice:")) {
+		return len(p), nil
+	}
+	return f.w.Write(p)
 }
 
 type row struct {

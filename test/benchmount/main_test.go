@@ -1,6 +1,8 @@
 package main
 
 import (
+	"log"
+	"strings"
 	"testing"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -36,4 +38,14 @@ func TestFloorNoPassthrough(t *testing.T) {
 func is[T any](v any) bool {
 	_, ok := v.(T)
 	return ok
+}
+
+func TestSpliceFilter(t *testing.T) {
+	var b strings.Builder
+	l := log.New(spliceFilter{&b}, "", 0)
+	l.Println("trySplice:", "splice: want 1052688 bytes, max pipe size 1048576")
+	l.Println("something else")
+	if got := b.String(); got != "something else\n" {
+		t.Errorf("filtered log = %q, want only the other line", got)
+	}
 }
