@@ -89,7 +89,7 @@ func fioRelay(v variant, j job) (sample, float64, error) {
 // perfDir, if set (-perf), is where fioRelay has perf(1) record the
 // rdmafs process (and the relay) during each job, one file per variant,
 // job and process: perf report -i FILE.data --no-children; FILE.stat
-// counts its context switches and read, write, futex and epoll calls.
+// counts its context switches and system calls (in all and by name).
 var perfDir string
 
 // startPerf starts perf record on v's rdmafs process and relay and returns
@@ -108,9 +108,9 @@ func startPerf(v variant, j job) (func(), error) {
 		if err := cmd.Start(); err != nil {
 			return nil, fmt.Errorf("perf record: %w", err)
 		}
-		// And counts: context switches and the syscalls a message costs.
-		stat := exec.Command("perf", "stat", "-e", "context-switches,syscalls:sys_enter_read,syscalls:sys_enter_write,"+
-			"syscalls:sys_enter_writev,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_pwait",
+		// And counts: context switches and every system call, in all
+		// (raw_syscalls) and by name.
+		stat := exec.Command("perf", "stat", "-e", "context-switches,raw_syscalls:sys_enter,syscalls:sys_enter_*",
 			"-p", strconv.Itoa(pid), "-o", strings.TrimSuffix(out, ".data")+".stat")
 		if err := stat.Start(); err != nil {
 			return nil, fmt.Errorf("perf stat: %w", err)

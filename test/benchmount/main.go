@@ -344,7 +344,7 @@ func main() {
 	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=tcp and proto=rdma through relay processes on this host relaying over TCP to knfsd")
 	ganeshaRelay := flag.Bool("ganesha-relay", false, "also mount ganesha through the two relays (tcp-relay, rdma-relay) and compare them")
 	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
-	flag.StringVar(&perfDir, "perf", "", "with -knfsd, perf record each rdmafs process (and the relay) during each job into this directory")
+	flag.StringVar(&perfDir, "perf", "", "with -knfsd or -ganesha-relay, perf record and perf stat each rdmafs process (and the relay) during each job into this directory")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := exec.LookPath("fio"); err != nil {
