@@ -16,7 +16,7 @@
 # (nanosecond CPU clocks). JOBS='1M direct' runs only the jobs whose name
 # matches that regexp. PERF=DIR has perf record and perf stat (context
 # switches, system calls) each knfsd or relay variant's rdmafs process and
-# relay process during each job, into DIR.
+# relay process during each job, into DIR; PERF_RECORD=0 only counts.
 # RPCS=1 counts COMPOUNDs per entry of tar x, ls -l and rm -rf instead.
 #   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
 #   SIZE=256 ROUNDS=5 RELAY=1 JOBS='1M direct' scripts/bench-mount.sh
@@ -33,4 +33,5 @@ args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
 [ "${RELAY:-}" = 1 ] && args+=(-ganesha-relay)
 [ -n "${JOBS:-}" ] && args+=(-jobs "$JOBS")
 [ -n "${PERF:-}" ] && args+=(-perf "$PERF")
+[ "${PERF_RECORD:-1}" = 0 ] && args+=(-perf-record=false)
 exec go run ./test/benchmount "${args[@]}"

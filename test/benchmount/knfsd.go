@@ -90,7 +90,12 @@ func fioRelay(v variant, j job) (sample, float64, error) {
 // rdmafs process (and the relay) during each job, one file per variant,
 // job and process: perf report -i FILE.data --no-children; FILE.stat
 // counts its context switches and system calls (in all and by name).
-var perfDir string
+// Without perfRecord (-perf-record=false) only perf stat runs: the
+// sampling slows the jobs more than the counting.
+var (
+	perfDir    string
+	perfRecord = true
+)
 
 // startPerf starts perf record on v's rdmafs process and relay and returns
 // the function that stops it and waits for the files to be written.
@@ -101,29 +106,35 @@ func startPerf(v variant, j job) (func(), error) {
 		pids["relay"] = v.relayPID
 	}
 	var cmds []*exec.Cmd
+	stop := func() {
+		for _, c := range cmds {
+			c.Process.Signal(os.Interrupt)
+			c.Wait()
+		}
+	}
 	for who, pid := range pids {
 		out := filepath.Join(perfDir, fmt.Sprintf("%s-%s.data", name, who))
-		// Go binaries keep frame pointers: -g walks them.
-		cmd := exec.Command("perf", "record", "-q", "-F", "999", "-g", "-p", strconv.Itoa(pid), "-o", out)
-		if err := cmd.Start(); err != nil {
-			return nil, fmt.Errorf("perf record: %w", err)
+		if perfRecord {
+			// Go binaries keep frame pointers: -g walks them.
+			cmd := exec.Command("perf", "record", "-q", "-F", "999", "-g", "-p", strconv.Itoa(pid), "-o", out)
+			if err := cmd.Start(); err != nil {
+				stop()
+				return nil, fmt.Errorf("perf record: %w", err)
+			}
+			cmds = append(cmds, cmd)
 		}
 		// And counts: context switches and every system call, in all
 		// (raw_syscalls) and by name.
 		stat := exec.Command("perf", "stat", "-e", "context-switches,raw_syscalls:sys_enter,syscalls:sys_enter_*",
 			"-p", strconv.Itoa(pid), "-o", strings.TrimSuffix(out, ".data")+".stat")
 		if err := stat.Start(); err != nil {
+			stop()
 			return nil, fmt.Errorf("perf stat: %w", err)
 		}
-		cmds = append(cmds, cmd, stat)
+		cmds = append(cmds, stat)
 	}
 	time.Sleep(500 * time.Millisecond) // let perf attach
-	return func() {
-		for _, c := range cmds {
-			c.Process.Signal(os.Interrupt)
-			c.Wait()
-		}
-	}, nil
+	return stop, nil
 }
 
 // perGiB returns CPU seconds per GiB for cpu spent moving n bytes (zero

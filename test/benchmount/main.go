@@ -345,6 +345,7 @@ func main() {
 	ganeshaRelay := flag.Bool("ganesha-relay", false, "also mount ganesha through the two relays (tcp-relay, rdma-relay) and compare them")
 	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
 	flag.StringVar(&perfDir, "perf", "", "with -knfsd or -ganesha-relay, perf record and perf stat each rdmafs process (and the relay) during each job into this directory")
+	flag.BoolVar(&perfRecord, "perf-record", true, "with -perf, perf record as well as perf stat (false: only count, which slows the jobs less)")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := exec.LookPath("fio"); err != nil {
