@@ -8,11 +8,18 @@
 # proto=rdma to a responder (pure-Go iWARP) that relays each call over TCP
 # to the same knfsd, the client's RDMA path without the guest's siw, and
 # "tcp-relay" proto=tcp through the same kind of hop (RELAY=0 drops both).
-# The CPU columns are the rdmafs process's CPU seconds per GiB moved, and
-# the relay's own (this process) on its own. JOBS='1M direct' runs only
-# the jobs whose name matches that regexp.
+# RELAY=1 also puts the two relays in front of ganesha (no guest needed)
+# and prints rdma-relay against tcp-relay: our RDMA stack against our TCP
+# stack on this host's CPU alone (GANESHA=0 RELAY=1: that table only).
+# Each relay is a process of its own. The CPU columns are the rdmafs
+# process's CPU seconds per GiB moved, and the relay process's on its own
+# (nanosecond CPU clocks). JOBS='1M direct' runs only the jobs whose name
+# matches that regexp. PERF=DIR has perf record and perf stat (context
+# switches, system calls) each knfsd or relay variant's rdmafs process and
+# relay process during each job, into DIR; PERF_RECORD=0 only counts.
 # RPCS=1 counts COMPOUNDs per entry of tar x, ls -l and rm -rf instead.
 #   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
+#   SIZE=256 ROUNDS=5 RELAY=1 JOBS='1M direct' scripts/bench-mount.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -22,6 +29,9 @@ args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
 [ "${KNFSD:-0}" = 1 ] && args+=(-knfsd -knfsd-net "${KNFSD_NET:-user}")
 [ "${GANESHA:-1}" = 0 ] && args+=(-ganesha=false)
 [ "${RPCS:-0}" = 1 ] && args+=(-rpcs)
-[ "${RELAY:-1}" = 0 ] && args+=(-relay=false)
+[ "${RELAY:-}" = 0 ] && args+=(-relay=false)
+[ "${RELAY:-}" = 1 ] && args+=(-ganesha-relay)
 [ -n "${JOBS:-}" ] && args+=(-jobs "$JOBS")
+[ -n "${PERF:-}" ] && args+=(-perf "$PERF")
+[ "${PERF_RECORD:-1}" = 0 ] && args+=(-perf-record=false)
 exec go run ./test/benchmount "${args[@]}"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,64 +13,12 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/internal/testpeer"
-	"github.com/rdmafs/rdmafs/nfsclient"
-	"github.com/rdmafs/rdmafs/oncrpc"
-	"github.com/rdmafs/rdmafs/rpcrdma"
-	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
-// knfsdCredits is the credit grant of the relay's responder: knfsd's
-// (svcrdma_max_requests, RPCRDMA_MAX_REQUESTS in Linux 6.1), so the relay
-// lets the client keep as many calls in flight as knfsd over siw does.
-const knfsdCredits = 64
-
-// startRelay serves RPC-over-RDMA on this host's loopback with the pure-Go
-// iWARP provider and relays each call over TCP to tcpAddr (knfsd in the
-// guest): an RDMA server whose RDMA side runs on the host's CPU, not on
-// the guest's emulated one. It returns the responder's address and the
-// function that stops it.
-func startRelay(tcpAddr string) (string, func(), error) {
-	tcp := oncrpc.NewTCPTransport(tcpAddr, oncrpc.TCPOptions{})
-	resp, err := rpcrdma.Listen("127.0.0.1:0", rpcrdma.ResponderConfig{
-		Provider: &iwarp.Provider{}, Handler: oncrpc.Relay(tcp, time.Minute),
-		ReplyBulk: nfsclient.ReplyBulk, RemoteInvalidate: true, Credits: knfsdCredits,
-	})
-	if err != nil {
-		tcp.Close()
-		return "", nil, fmt.Errorf("relay to %s: %w", tcpAddr, err)
-	}
-	return resp.Addr(), func() {
-		resp.Close()
-		tcp.Close()
-	}, nil
-}
-
-// startTCPRelay serves ONC RPC over TCP on this host's loopback and relays
-// each call over its own TCP connection to tcpAddr: the same extra hop as
-// startRelay's, with TCP on both sides, so that rdma-relay has a like
-// for like to be compared with.
-func startTCPRelay(tcpAddr string) (string, func(), error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, fmt.Errorf("tcp relay: %w", err)
-	}
-	tcp := oncrpc.NewTCPTransport(tcpAddr, oncrpc.TCPOptions{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		oncrpc.Serve(ln, oncrpc.Relay(tcp, time.Minute))
-	}()
-	return ln.Addr().String(), func() {
-		ln.Close()
-		tcp.Close()
-		<-done
-	}, nil
-}
-
-// variant is one way of mounting the knfsd export: its name in the table
-// and the side fio runs on. relayPID, if not zero, is a process between
-// the client and knfsd whose CPU time is reported on its own (the relay,
-// which runs in this process).
+// variant is one way of mounting a server: its name in the table and the
+// side fio runs on. relayPID, if not zero, is a process between the
+// client and the server whose CPU time is reported on its own (a relay
+// process, relay.go).
 type variant struct {
 	name     string
 	side     side
@@ -142,8 +89,13 @@ func fioRelay(v variant, j job) (sample, float64, error) {
 // perfDir, if set (-perf), is where fioRelay has perf(1) record the
 // rdmafs process (and the relay) during each job, one file per variant,
 // job and process: perf report -i FILE.data --no-children; FILE.stat
-// counts its context switches and read, write, futex and epoll calls.
-var perfDir string
+// counts its context switches and system calls (in all and by name).
+// Without perfRecord (-perf-record=false) only perf stat runs: the
+// sampling slows the jobs more than the counting.
+var (
+	perfDir    string
+	perfRecord = true
+)
 
 // startPerf starts perf record on v's rdmafs process and relay and returns
 // the function that stops it and waits for the files to be written.
@@ -154,29 +106,35 @@ func startPerf(v variant, j job) (func(), error) {
 		pids["relay"] = v.relayPID
 	}
 	var cmds []*exec.Cmd
-	for who, pid := range pids {
-		out := filepath.Join(perfDir, fmt.Sprintf("%s-%s.data", name, who))
-		// Go binaries keep frame pointers: -g walks them.
-		cmd := exec.Command("perf", "record", "-q", "-F", "999", "-g", "-p", strconv.Itoa(pid), "-o", out)
-		if err := cmd.Start(); err != nil {
-			return nil, fmt.Errorf("perf record: %w", err)
-		}
-		// And counts: context switches and the syscalls a message costs.
-		stat := exec.Command("perf", "stat", "-e", "context-switches,syscalls:sys_enter_read,syscalls:sys_enter_write,"+
-			"syscalls:sys_enter_writev,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_pwait",
-			"-p", strconv.Itoa(pid), "-o", strings.TrimSuffix(out, ".data")+".stat")
-		if err := stat.Start(); err != nil {
-			return nil, fmt.Errorf("perf stat: %w", err)
-		}
-		cmds = append(cmds, cmd, stat)
-	}
-	time.Sleep(500 * time.Millisecond) // let perf attach
-	return func() {
+	stop := func() {
 		for _, c := range cmds {
 			c.Process.Signal(os.Interrupt)
 			c.Wait()
 		}
-	}, nil
+	}
+	for who, pid := range pids {
+		out := filepath.Join(perfDir, fmt.Sprintf("%s-%s.data", name, who))
+		if perfRecord {
+			// Go binaries keep frame pointers: -g walks them.
+			cmd := exec.Command("perf", "record", "-q", "-F", "999", "-g", "-p", strconv.Itoa(pid), "-o", out)
+			if err := cmd.Start(); err != nil {
+				stop()
+				return nil, fmt.Errorf("perf record: %w", err)
+			}
+			cmds = append(cmds, cmd)
+		}
+		// And counts: context switches and every system call, in all
+		// (raw_syscalls) and by name.
+		stat := exec.Command("perf", "stat", "-e", "context-switches,raw_syscalls:sys_enter,syscalls:sys_enter_*",
+			"-p", strconv.Itoa(pid), "-o", strings.TrimSuffix(out, ".data")+".stat")
+		if err := stat.Start(); err != nil {
+			stop()
+			return nil, fmt.Errorf("perf stat: %w", err)
+		}
+		cmds = append(cmds, stat)
+	}
+	time.Sleep(500 * time.Millisecond) // let perf attach
+	return stop, nil
 }
 
 // perGiB returns CPU seconds per GiB for cpu spent moving n bytes (zero
@@ -195,7 +153,7 @@ type ratio struct{ a, b int }
 // printTableN writes one row per job: each variant's MB/s, the ratios
 // (the median of per-round ratios), each variant's client CPU seconds per
 // GiB and the same ratios of them, and the relay process's CPU seconds
-// per GiB for each variant that has one.
+// per GiB for each variant that has one and the ratios of those.
 func printTableN(w io.Writer, title string, vs []variant, ratios []ratio, rows []rowN) {
 	var head, sep strings.Builder
 	head.WriteString("| job |")
@@ -218,6 +176,11 @@ func printTableN(w io.Writer, title string, vs []variant, ratios []ratio, rows [
 	for _, v := range vs {
 		if v.relayPID != 0 {
 			add("%s relay process CPU s/GiB", v.name)
+		}
+	}
+	for _, q := range ratios {
+		if relayPair(vs, q) {
+			add("relay CPU %s/%s", vs[q.a].name, vs[q.b].name)
 		}
 	}
 	fmt.Fprintf(w, "\n%s\n%s\n|---|%s\n", title, head.String(), sep.String())
@@ -246,8 +209,29 @@ func printTableN(w io.Writer, title string, vs []variant, ratios []ratio, rows [
 				cells = append(cells, fmt.Sprintf("%.2f", median(r.relay[i])))
 			}
 		}
+		for _, q := range ratios {
+			if relayPair(vs, q) {
+				cells = append(cells, fmt.Sprintf("%.2f", medianRatio(r.relay[q.a], r.relay[q.b])))
+			}
+		}
 		fmt.Fprintf(w, "| %s | %s |\n", r.job, strings.Join(cells, " | "))
 	}
+}
+
+// relayPair reports whether both variants of q go through a relay.
+func relayPair(vs []variant, q ratio) bool {
+	return vs[q.a].relayPID != 0 && vs[q.b].relayPID != 0
+}
+
+// medianRatio returns the median of the per-round ratios a[i]/b[i].
+func medianRatio(a, b []float64) float64 {
+	var rs []float64
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			rs = append(rs, a[i]/b[i])
+		}
+	}
+	return median(rs)
 }
 
 // pairRows returns the rows of variants a and b as two-sided rows (for
@@ -262,9 +246,10 @@ func pairRows(rows []rowN, a, b int) []row {
 
 // benchKnfsd measures knfsd in the qemu guest, whose network is net
 // (test/kpeer KPEER_NET), mounted with proto=tcp and proto=rdma (siw in
-// the guest), and with relay also twice through this process: tcp-relay,
-// proto=tcp to a relay, and rdma-relay, proto=rdma to a responder on the
-// pure-Go provider, both relaying over TCP to the same knfsd. rdma-relay
+// the guest), and with relay also twice through relay processes on this
+// host (relay.go): tcp-relay, proto=tcp to a relay, and rdma-relay,
+// proto=rdma to a responder on the pure-Go provider, both relaying over
+// TCP to the same knfsd. rdma-relay
 // takes siw and the guest's emulated CPU out of the RDMA path: if it runs
 // as fast as tcp-relay, the client's RDMA path is not what limits
 // proto=rdma.
@@ -288,12 +273,6 @@ func benchKnfsd(abs, net string, size, rounds int, relay bool, match *regexp.Reg
 		return fmt.Errorf("start knfsd: %w", err)
 	}
 	defer k.Stop()
-	port := func(addr string) string { return addr[strings.LastIndexByte(addr, ':')+1:] }
-	type mount struct {
-		name, sub string
-		opts      []string
-		relay     bool
-	}
 	ms := []mount{
 		{name: "tcp", sub: "bench-tcp", opts: []string{"port=" + port(k.TCPAddr)}},
 		{name: "rdma", sub: "bench-rdma", opts: []string{"proto=rdma", "port=" + port(k.RDMAAddr)}},
@@ -303,43 +282,20 @@ func benchKnfsd(abs, net string, size, rounds int, relay bool, match *regexp.Reg
 	// differs.
 	ratios := []ratio{{1, 0}}
 	if relay {
-		addr, stop, err := startRelay(k.TCPAddr)
+		rms, stop, err := relayMounts(k.TCPAddr)
 		if err != nil {
 			return err
 		}
 		defer stop()
-		taddr, tstop, err := startTCPRelay(k.TCPAddr)
-		if err != nil {
-			return err
-		}
-		defer tstop()
-		ms = append(ms,
-			mount{name: "tcp-relay", sub: "bench-tcp-relay", opts: []string{"port=" + port(taddr)}, relay: true},
-			mount{name: "rdma-relay", sub: "bench-relay", opts: []string{"proto=rdma", "port=" + port(addr)}, relay: true})
+		ms = append(ms, rms...)
 		ratios = append(ratios, ratio{3, 0}, ratio{3, 2})
 	}
-	var vs []variant
-	for _, m := range ms {
-		dir, umount, err := mountRdmafs(abs, "127.0.0.1:/", m.opts...)
-		if err != nil {
-			return err
-		}
-		defer umount()
-		// All mounts see the same tmpfs export: separate directories.
-		d := filepath.Join(dir, m.sub)
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-		pid, err := servingPID(abs, dir)
-		if err != nil {
-			return err
-		}
-		v := variant{name: m.name, side: side{d, pid}}
-		if m.relay {
-			v.relayPID = os.Getpid()
-		}
-		vs = append(vs, v)
+	// All mounts see the same tmpfs export: separate directories.
+	vs, umount, err := mountVariants(abs, "127.0.0.1:/", ms)
+	if err != nil {
+		return err
 	}
+	defer umount()
 	rows, err := compareN(vs, js, rounds)
 	if err != nil {
 		return err

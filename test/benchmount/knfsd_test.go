@@ -43,6 +43,27 @@ func TestPrintTableN(t *testing.T) {
 	}
 }
 
+// TestPrintTableNRelayRatio checks the relay CPU ratio column of two
+// relayed variants.
+func TestPrintTableNRelayRatio(t *testing.T) {
+	vs := []variant{{name: "tcp-relay", relayPID: 1}, {name: "rdma-relay", relayPID: 1}}
+	rows := []rowN{{
+		job: "j",
+		s:   [][]sample{{{mbps: 10, cpuPerGiB: 1}, {mbps: 10, cpuPerGiB: 1}, {mbps: 10, cpuPerGiB: 1}}, {{mbps: 9, cpuPerGiB: 2}, {mbps: 7, cpuPerGiB: 2}, {mbps: 8, cpuPerGiB: 2}}},
+		// Per-round ratios 3, 1.5, 0.5 (the last round's tcp relay was slow): median 1.5.
+		relay: [][]float64{{1, 2, 8}, {3, 3, 4}},
+	}}
+	var b strings.Builder
+	printTableN(&b, "t", vs, []ratio{{1, 0}}, rows)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if !strings.HasSuffix(lines[1], "| tcp-relay relay process CPU s/GiB | rdma-relay relay process CPU s/GiB | relay CPU rdma-relay/tcp-relay |") {
+		t.Errorf("head: %s", lines[1])
+	}
+	if want := "| j | 10 | 8 | 0.80 | 1.00 | 2.00 | 2.00 | 2.00 | 3.00 | 1.50 |"; lines[3] != want {
+		t.Errorf("row:\n got %s\nwant %s", lines[3], want)
+	}
+}
+
 func TestPrintTableNNoRelay(t *testing.T) {
 	vs := []variant{{name: "tcp"}, {name: "rdma"}}
 	rows := []rowN{{job: "j", s: [][]sample{{{mbps: 10, cpuPerGiB: 1}}, {{mbps: 5, cpuPerGiB: 2}}}, relay: [][]float64{{0}, {0}}}}

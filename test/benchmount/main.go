@@ -11,19 +11,22 @@
 // table gives buffered over O_DIRECT on each mount. With
 // -knfsd it also starts knfsd in the qemu guest and compares proto=tcp
 // with proto=rdma against it, and with proto=tcp and proto=rdma through
-// servers in this process that relay over TCP to the same knfsd (knfsd.go;
-// -relay=false leaves them out; -knfsd-net picks the guest's network;
-// -ganesha=false skips the ganesha table; -jobs picks jobs by name). With -rpcs it instead counts the COMPOUNDs
+// relay processes on this host that relay over TCP to the same knfsd
+// (knfsd.go, relay.go; -relay=false leaves them out; -knfsd-net picks the
+// guest's network; -ganesha=false skips the ganesha table; -jobs picks
+// jobs by name). With -ganesha-relay it also mounts ganesha through the
+// same two relays, tcp-relay and rdma-relay, and compares them: the
+// client's RDMA stack against its TCP stack with no guest in the way. With -rpcs it instead counts the COMPOUNDs
 // per entry that tar x, ls -l and rm -rf take, each on a fresh mount
 // (the round trips the Linux client's OPEN+WRITE+CLOSE set the bar for).
 //
-//	go run ./test/benchmount -rdmafs bin/rdmafs [-knfsd] [-size 1024] [-rpcs] [-jobs '1M direct']
+//	go run ./test/benchmount -rdmafs bin/rdmafs [-knfsd] [-ganesha-relay] [-size 1024] [-rpcs] [-jobs '1M direct']
 //
 // Figures are MB/s as fio reports them; the ratio is rdmafs over the
 // floor (or rdma over tcp). The CPU columns are the user+sys CPU seconds
 // the serving process (the rdmafs daemon; this process for the loopback)
-// spent per GiB fio moved, from /proc/PID/stat before and after each job
-// (10 ms ticks). The machine is shared and noisy: each pair runs back to
+// spent per GiB fio moved, from its CPU clock before and after each job
+// (cpu.go; nanoseconds). The machine is shared and noisy: each pair runs back to
 // back and -rounds repeats them, reporting the median.
 package main
 
@@ -33,6 +36,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/exec"
@@ -137,49 +141,6 @@ func fio(s side, j job) (sample, error) {
 	return smp, nil
 }
 
-// userHZ is the unit of the CPU times in /proc/PID/stat (USER_HZ, 100 on
-// every Linux architecture Go supports; proc(5)).
-const userHZ = 100
-
-// cpuTime returns the user+sys CPU time of process pid and all its
-// threads so far.
-func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("cpu time: %w", err)
-	}
-	ticks, err := statTicks(b)
-	if err != nil {
-		return 0, fmt.Errorf("cpu time: /proc/%d/stat: %w", pid, err)
-	}
-	return time.Duration(ticks) * time.Second / userHZ, nil
-}
-
-// statTicks returns utime+stime, fields 14 and 15 of a /proc/PID/stat
-// line, in USER_HZ ticks.
-func statTicks(b []byte) (int64, error) {
-	// proc(5): the command name (field 2) is in parentheses and may
-	// itself hold spaces and parentheses; the fields after the last ')'
-	// start at field 3 (state).
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("no ')' in %q", b)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("%d fields after the name, want at least 13", len(f))
-	}
-	var ticks int64
-	for _, s := range f[11:13] { // fields 14 and 15
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("cpu field %q: not a tick count", s)
-		}
-		ticks += n
-	}
-	return ticks, nil
-}
-
 // servingPID returns the PID of the process serving the rdmafs mount on
 // dir, from the first line of "rdmafs stats" ("pid: N").
 func servingPID(bin, dir string) (int, error) {
@@ -225,7 +186,8 @@ func mountLoopback(orig string) (string, func(), error) {
 	}
 	sec := time.Second
 	srv, err := fs.Mount(dir, root, &fs.Options{AttrTimeout: &sec, EntryTimeout: &sec,
-		MountOptions: gofuse.MountOptions{FsName: orig, Name: "loopback", MaxWrite: 1 << 20, MaxReadAhead: 1 << 20, DirectMount: true}})
+		MountOptions: gofuse.MountOptions{FsName: orig, Name: "loopback", MaxWrite: 1 << 20, MaxReadAhead: 1 << 20, DirectMount: true,
+			Logger: log.New(spliceFilter{os.Stderr}, "", log.LstdFlags)}})
 	if err != nil {
 		return "", nil, fmt.Errorf("loopback mount: %w", err)
 	}
@@ -233,6 +195,18 @@ func mountLoopback(orig string) (string, func(), error) {
 		srv.Unmount()
 		os.Remove(dir)
 	}, nil
+}
+
+// spliceFilter drops go-fuse's "trySplice:" lines, one per 1 MiB read
+// where fs.pipe-max-size is 1 MiB (the default): the reply, header
+// included, does not fit in a pipe and go-fuse copies it instead.
+type spliceFilter struct{ w io.Writer }
+
+func (f spliceFilter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("trySplice:")) {
+		return len(p), nil
+	}
+	return f.w.Write(p)
 }
 
 type row struct {
@@ -292,14 +266,11 @@ func compare(a, b side, js []job, rounds int) ([]row, error) {
 // medians returns the medians of f over a and b and of the per-round
 // ratios f(a)/f(b).
 func medians(a, b []sample, f func(sample) float64) (ma, mb, ratio float64) {
-	var va, vb, ratios []float64
+	var va, vb []float64
 	for i := range a {
 		va, vb = append(va, f(a[i])), append(vb, f(b[i]))
-		if f(b[i]) > 0 {
-			ratios = append(ratios, f(a[i])/f(b[i]))
-		}
 	}
-	return median(va), median(vb), median(ratios)
+	return median(va), median(vb), medianRatio(va, vb)
 }
 
 // printBuffered prints, for each side, buffered I/O over 1 MiB O_DIRECT
@@ -356,6 +327,13 @@ func printTable(title, nameA, nameB string, rows []row) {
 }
 
 func main() {
+	if os.Getenv(relayEnv) != "" {
+		// A relay process of this one (relay.go).
+		if err := runRelayChild(os.Stdin, os.Stdout); err != nil {
+			log.Fatalf("benchmount relay: %v", err)
+		}
+		return
+	}
 	bin := flag.String("rdmafs", "bin/rdmafs", "the rdmafs binary")
 	knfsd := flag.Bool("knfsd", false, "also compare proto=tcp with proto=rdma against knfsd in the qemu guest")
 	size := flag.Int("size", 1024, "file size in MiB (ganesha); knfsd's tmpfs export takes at most 128")
@@ -363,9 +341,11 @@ func main() {
 	ganesha := flag.Bool("ganesha", true, "measure rdmafs on ganesha against the go-fuse loopback (false: only -knfsd)")
 	knfsdNet := flag.String("knfsd-net", "user", "the knfsd guest's network, test/kpeer KPEER_NET: user (qemu slirp, 1500-byte frames) or passt (65520-byte frames)")
 	rpcs := flag.Bool("rpcs", false, "instead of fio: count the COMPOUNDs per entry of tar x, ls -l and rm -rf against ganesha")
-	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=tcp and proto=rdma through servers on this host relaying over TCP to knfsd")
+	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=tcp and proto=rdma through relay processes on this host relaying over TCP to knfsd")
+	ganeshaRelay := flag.Bool("ganesha-relay", false, "also mount ganesha through the two relays (tcp-relay, rdma-relay) and compare them")
 	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
-	flag.StringVar(&perfDir, "perf", "", "with -knfsd, perf record each rdmafs process (and the relay) during each job into this directory")
+	flag.StringVar(&perfDir, "perf", "", "with -knfsd or -ganesha-relay, perf record and perf stat each rdmafs process (and the relay) during each job into this directory")
+	flag.BoolVar(&perfRecord, "perf-record", true, "with -perf, perf record as well as perf stat (false: only count, which slows the jobs less)")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := exec.LookPath("fio"); err != nil {
@@ -384,8 +364,8 @@ func main() {
 	defer testpeer.StopAll()
 	defer removeSources()
 
-	if *ganesha || *rpcs {
-		if err := benchGanesha(abs, *size, *rounds, *rpcs, match); err != nil {
+	if *ganesha || *rpcs || *ganeshaRelay {
+		if err := benchGanesha(abs, *size, *rounds, *ganesha, *ganeshaRelay && !*rpcs, *rpcs, match); err != nil {
 			log.Fatalf("benchmount: %v", err)
 		}
 	}
@@ -398,8 +378,9 @@ func main() {
 }
 
 // benchGanesha compares rdmafs on ganesha with the go-fuse loopback of
-// the same directory, or with rpcs counts COMPOUNDs per entry.
-func benchGanesha(abs string, size, rounds int, rpcs bool, match *regexp.Regexp) error {
+// the same directory (with floor) and rdma-relay with tcp-relay in front
+// of it (with relay), or with rpcs counts COMPOUNDs per entry.
+func benchGanesha(abs string, size, rounds int, floor, relay, rpcs bool, match *regexp.Regexp) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	g, err := testpeer.StartGanesha(ctx)
@@ -407,16 +388,29 @@ func benchGanesha(abs string, size, rounds int, rpcs bool, match *regexp.Regexp)
 		return fmt.Errorf("start ganesha: %w", err)
 	}
 	defer g.Stop()
-	port := g.Addr[strings.LastIndexByte(g.Addr, ':')+1:]
 	if rpcs {
-		steps, err := measureRPCs(abs, "127.0.0.1:"+g.Export, g.Dir, "port="+port)
+		steps, err := measureRPCs(abs, "127.0.0.1:"+g.Export, g.Dir, "port="+port(g.Addr))
 		if err != nil {
 			return err
 		}
 		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine), each workload on a fresh mount", steps)
 		return nil
 	}
-	nfsDir, umountNFS, err := mountRdmafs(abs, "127.0.0.1:"+g.Export, "port="+port)
+	if floor {
+		if err := benchFloor(abs, g, size, rounds, match); err != nil {
+			return err
+		}
+	}
+	if relay {
+		return benchGaneshaRelay(abs, g.Addr, "127.0.0.1:"+g.Export, size, rounds, match)
+	}
+	return nil
+}
+
+// benchFloor compares rdmafs on ganesha with the go-fuse loopback of the
+// same directory.
+func benchFloor(abs string, g *testpeer.Ganesha, size, rounds int, match *regexp.Regexp) error {
+	nfsDir, umountNFS, err := mountRdmafs(abs, "127.0.0.1:"+g.Export, "port="+port(g.Addr))
 	if err != nil {
 		return err
 	}
