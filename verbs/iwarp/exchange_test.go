@@ -40,7 +40,8 @@ const (
 //	go test -run '^$' -bench RatioWriteExchange1MiB ./verbs/iwarp
 func BenchmarkRatioWriteExchange1MiB(b *testing.B) {
 	const size = 1 << 20
-	rc := alternate(b, [2]func() error{tcpWriteExchange(b, size), rdmaWriteExchange(b, size)})
+	rdma, req := rdmaWriteExchange(b, size)
+	rc := alternate(b, [2]func() error{tcpWriteExchange(b, size), rdma})
 	b.SetBytes(2 * size) // one exchange of each per iteration
 	b.ReportMetric(float64(rc.spent[0])/float64(rc.spent[1]), "rdma/tcp")
 	gib := float64(rc.n) * size / (1 << 30)
@@ -48,6 +49,9 @@ func BenchmarkRatioWriteExchange1MiB(b *testing.B) {
 	b.ReportMetric(rc.cpu[0].Seconds()/gib, "tcp-cpu-s/GiB")
 	b.ReportMetric(float64(rc.csw[1])/float64(rc.n), "rdma-csw/op")
 	b.ReportMetric(float64(rc.csw[0])/float64(rc.n), "tcp-csw/op")
+	// How often the requester's receiving goroutine left the rest of a
+	// Read Response to its responder goroutine (the socket was full).
+	b.ReportMetric(float64(req.respHandoffs.Load())/float64(rc.n), "inline-rest/op")
 }
 
 // tcpWriteExchange returns one exchange of BenchmarkRatioWriteExchange1MiB
@@ -77,8 +81,8 @@ func tcpWriteExchange(b *testing.B, size int) func() error {
 }
 
 // rdmaWriteExchange returns one exchange of BenchmarkRatioWriteExchange1MiB
-// over the provider.
-func rdmaWriteExchange(b *testing.B, size int) func() error {
+// over the provider, and the requester's queue pair.
+func rdmaWriteExchange(b *testing.B, size int) (func() error, *QP) {
 	ctx := testCtx(b)
 	c, s := pair(b, nil, nil)
 
@@ -164,5 +168,5 @@ func rdmaWriteExchange(b *testing.B, size int) func() error {
 		// reaps them).
 		c.SendCQ().TryPoll(wc[:])
 		return nil
-	}
+	}, c
 }
