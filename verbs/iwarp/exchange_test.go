@@ -52,6 +52,8 @@ func BenchmarkRatioWriteExchange1MiB(b *testing.B) {
 	// How often the requester's receiving goroutine left the rest of a
 	// Read Response to its responder goroutine (the socket was full).
 	b.ReportMetric(float64(req.respHandoffs.Load())/float64(rc.n), "inline-rest/op")
+	// How often it left a whole response to it (the writer was busy).
+	b.ReportMetric(float64(req.respQueued.Load())/float64(rc.n), "queued-resp/op")
 }
 
 // tcpWriteExchange returns one exchange of BenchmarkRatioWriteExchange1MiB

@@ -121,6 +121,7 @@ type QP struct {
 	kicks        atomic.Int32  // zero-length Writes sent by kickLoop
 	handoffs     atomic.Int32  // direct posts whose write the tx goroutine finished
 	respHandoffs atomic.Int32  // inline Read Responses the responder goroutine finished
+	respQueued   atomic.Int32  // Read Requests left to the responder goroutine whole (respondInline declined)
 	kick         bool          // active side: run kickLoop after the first transmission
 	kickStarted  bool          // owned by the transmit side's owner
 	// Delivery of receive completions (handler.go).

@@ -634,6 +634,7 @@ func (q *QP) rxReadRequest(rs *rxState, h *ddpHeader, n int) error {
 	if k == 1 && q.respondInline(rr) {
 		return nil
 	}
+	q.respQueued.Add(1)
 	select {
 	case q.irq <- rr:
 	default:
