@@ -54,6 +54,8 @@ func BenchmarkRatioWriteExchange1MiB(b *testing.B) {
 	b.ReportMetric(float64(req.respHandoffs.Load())/float64(rc.n), "inline-rest/op")
 	// How often it left a whole response to it (the writer was busy).
 	b.ReportMetric(float64(req.respQueued.Load())/float64(rc.n), "queued-resp/op")
+	// How often the poster of the call's Send answered it (parkRead).
+	b.ReportMetric(float64(req.respParked.Load())/float64(rc.n), "parked-resp/op")
 }
 
 // tcpWriteExchange returns one exchange of BenchmarkRatioWriteExchange1MiB
