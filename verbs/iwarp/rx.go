@@ -163,7 +163,7 @@ func (q *QP) receive(rs *rxState) error {
 		if !rs.bigReader && q.conn != nil && q.br.Buffered() == 0 {
 			// The MPA exchange's reader is drained: go on with a
 			// large one (nothing is lost replacing an empty one).
-			q.br = bufio.NewReaderSize(q.conn, readerSize)
+			q.br = bufio.NewReaderSize(newRawReader(q.conn), readerSize)
 			rs.bigReader = true
 		}
 		if have < 4 && rs.yield {
