@@ -38,12 +38,12 @@ const (
 // both ends included.
 //
 // This is the ceiling of rpcrdma's write ratio: alternated with it
-// (RPCRDMA_BENCH_PEER=process, medians of 5 to 8 runs on a loaded
-// 2-core machine) the two were within a few percent of each other,
-// 0.98 here and 0.92 there before, 1.05 and 1.00 after the raw socket
-// calls (rawReader). Both directions copy the 1 MiB once through a
-// socket, as TCP does; the provider adds the Read Request and one more
-// wake-up of each side.
+// (RPCRDMA_BENCH_PEER=process, medians of 10 runs on a quiet 2-core
+// machine) this one was 0.99 and rpcrdma's 0.95 before the raw socket
+// calls (rawReader) and answering Read Requests in the poster
+// (parkRead), 1.05 and 1.05 after. Both transports copy the 1 MiB once
+// through a socket; the provider adds the Read Request, one more
+// message for each side to wake up for.
 //
 //	go test -run '^$' -bench RatioWriteExchange1MiB ./verbs/iwarp
 func BenchmarkRatioWriteExchange1MiB(b *testing.B) {
