@@ -106,6 +106,10 @@ type QP struct {
 	// rx goroutine's placement and the responder's Read Response.
 	rxStop, respStop stopper
 	inlStop          stopper // an inline Read Response's (resp.go)
+	// inlActive mirrors inl.active for the receiving goroutine (parkRead).
+	inlActive atomic.Bool
+	// pk: a Read Request left to a direct poster (resp.go, parkRead).
+	pk postParked
 
 	// copied counts payload bytes placed by way of the buffered reader
 	// (a user-space copy) rather than read straight into place.
@@ -121,6 +125,8 @@ type QP struct {
 	kicks        atomic.Int32  // zero-length Writes sent by kickLoop
 	handoffs     atomic.Int32  // direct posts whose write the tx goroutine finished
 	respHandoffs atomic.Int32  // inline Read Responses the responder goroutine finished
+	respQueued   atomic.Int32  // Read Requests left to the responder goroutine whole (respondInline declined)
+	respParked   atomic.Int32  // Read Requests left to a direct poster (parkRead)
 	kick         bool          // active side: run kickLoop after the first transmission
 	kickStarted  bool          // owned by the transmit side's owner
 	// Delivery of receive completions (handler.go).
@@ -257,6 +263,9 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 	if direct && q.w.pending() {
 		q.w.mu.Unlock()
 		direct = false
+	}
+	if direct {
+		q.startPosting()
 	}
 	if !direct {
 		// The tx goroutine sends it, batched with what is queued.

@@ -17,37 +17,58 @@ import (
 // reports the ratios of the time (and process CPU time) they took; on a
 // loaded machine benchmarks run one after the other see different loads.
 
-// cpuTime is the process's user and system CPU time so far.
-func cpuTime() time.Duration {
+// usage is the process's user and system CPU time so far and the
+// voluntary context switches its threads made (a thread that slept for
+// lack of work: a wake-up that crossed threads).
+func usage() (time.Duration, int64) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return 0, 0
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw
 }
 
-// ratioLoop runs ops[0] (TCP) and ops[1] (the provider) alternately, one
-// of each per iteration, and reports the provider's time and CPU time
-// over TCP's. The operations are sequential, so process CPU time deltas
-// around each are its cost (both ends of the connection).
-func ratioLoop(b *testing.B, ops [2]func() error) {
-	var spent, cpu [2]time.Duration
+// ratioCost is what alternate measured per operation: the wall time, CPU
+// time and voluntary context switches each spent in all.
+type ratioCost struct {
+	spent, cpu [2]time.Duration
+	csw        [2]int64
+	n          int // iterations (operations of each)
+}
+
+// alternate runs ops[0] (TCP) and ops[1] (the provider) alternately, one
+// of each per iteration and in turns which goes first. The operations
+// are sequential, so the process's CPU time and context switches around
+// each are its cost (both ends of the connection).
+func alternate(b *testing.B, ops [2]func() error) ratioCost {
+	var rc ratioCost
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		for k := range ops {
 			j := (i + k) % len(ops)
-			c0, t0 := cpuTime(), time.Now()
+			c0, v0 := usage()
+			t0 := time.Now()
 			err := ops[j]()
-			spent[j] += time.Since(t0)
-			cpu[j] += cpuTime() - c0
+			rc.spent[j] += time.Since(t0)
+			c1, v1 := usage()
+			rc.cpu[j] += c1 - c0
+			rc.csw[j] += v1 - v0
 			if err != nil {
 				b.Fatal(err)
 			}
 		}
+		rc.n++
 	}
-	b.ReportMetric(float64(spent[1])/float64(spent[0]), "time/tcp")
-	if cpu[0] > 0 {
-		b.ReportMetric(float64(cpu[1])/float64(cpu[0]), "cpu/tcp")
+	return rc
+}
+
+// ratioLoop runs ops[0] (TCP) and ops[1] (the provider) alternately
+// (alternate) and reports the provider's time and CPU time over TCP's.
+func ratioLoop(b *testing.B, ops [2]func() error) {
+	rc := alternate(b, ops)
+	b.ReportMetric(float64(rc.spent[1])/float64(rc.spent[0]), "time/tcp")
+	if rc.cpu[0] > 0 {
+		b.ReportMetric(float64(rc.cpu[1])/float64(rc.cpu[0]), "cpu/tcp")
 	}
 }
 

@@ -3,6 +3,7 @@ package iwarp
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/rdmafs/rdmafs/verbs"
 )
@@ -34,6 +35,9 @@ type inlineResp struct {
 	src    []byte // the requested bytes of the region
 	mr     *verbs.MemoryRegion
 	off    int // bytes of src added to the writer
+	// bad: the region cannot be read; the responder goroutine sends
+	// this Terminate (a Read Request a poster took, parkRead).
+	bad *rxFault
 }
 
 // respLoop serves inbound RDMA Read Requests with Read Responses.
@@ -89,8 +93,16 @@ func (q *QP) endInlineLocked() {
 	if q.w.pendStop == &q.inlStop {
 		q.w.bufs, q.w.pendStop = nil, nil
 	}
-	q.inl.mr.EndAccess(&q.inlStop, 0, 0)
-	q.inl = inlineResp{}
+	if q.inl.mr != nil {
+		q.inl.mr.EndAccess(&q.inlStop, 0, 0)
+	}
+	q.setInlLocked(inlineResp{})
+}
+
+// setInlLocked sets the inline response, under the writer's lock.
+func (q *QP) setInlLocked(r inlineResp) {
+	q.inl = r
+	q.inlActive.Store(r.active)
 }
 
 // serveRead sends the Read Response for rr (RFC 5040 s5.2): tagged
@@ -116,16 +128,7 @@ func (q *QP) serveRead(rr readRequest) error {
 	q.respStop.prepare()
 	src, mr, err := q.pd.BeginAccess(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size), &q.respStop)
 	if err != nil {
-		// rr keeps its IRD slot: the stream ends with the Terminate,
-		// and no later request is answered before it.
-		code := byte(RDMAPCodeInvalidSTag)
-		switch {
-		case errors.Is(err, verbs.ErrBounds):
-			code = RDMAPCodeBaseBounds
-		case errors.Is(err, verbs.ErrAccess):
-			code = RDMAPCodeAccessRights
-		}
-		return readFault(rr, code, fmt.Errorf("inbound RDMA Read: %w", err))
+		return accessFault(rr, err)
 	}
 	defer mr.EndAccess(&q.respStop, 0, 0)
 	if q.onServe != nil {
@@ -159,6 +162,20 @@ func (q *QP) serveRead(rr readRequest) error {
 			return nil
 		}
 	}
+}
+
+// accessFault is the Terminate for a Read Request whose region cannot be
+// read (BeginAccess failed). rr keeps its IRD slot: the stream ends with
+// the Terminate, and no later request is answered before it.
+func accessFault(rr readRequest, err error) *rxFault {
+	code := byte(RDMAPCodeInvalidSTag)
+	switch {
+	case errors.Is(err, verbs.ErrBounds):
+		code = RDMAPCodeBaseBounds
+	case errors.Is(err, verbs.ErrAccess):
+		code = RDMAPCodeAccessRights
+	}
+	return readFault(rr, code, fmt.Errorf("inbound RDMA Read: %w", err))
 }
 
 // stoppedFault is the Terminate for a response an invalidation stopped
@@ -212,30 +229,59 @@ func (q *QP) addRespLocked(rr *readRequest, src []byte, off int) (int, bool) {
 // respondInline answers rr from the receiving goroutine (see the top of
 // the file). The caller has counted rr in irqCount and no other read is
 // queued or being answered. It reports false, leaving rr to the
-// responder goroutine, when the writer is busy, holds the rest of an
-// earlier write or an unfinished inline response, or the region cannot
-// be read (the responder reports why). Test hooks (onServe) stall the
-// responder goroutine: with one, every read goes there.
+// responder goroutine, when the writer is busy (unless a poster holding
+// it takes rr: parkRead), holds the rest of an earlier write or an
+// unfinished inline response, or the region cannot be read (the
+// responder reports why). Test hooks (onServe) stall the responder
+// goroutine: with one, every read goes there.
 func (q *QP) respondInline(rr readRequest) bool {
-	if q.w.raw == nil || q.onServe != nil || !q.w.mu.TryLock() {
+	if q.w.raw == nil || q.onServe != nil {
 		return false
+	}
+	if !q.w.mu.TryLock() {
+		return q.parkRead(rr)
 	}
 	if q.w.pending() || q.w.sealed || q.inl.active || q.respExited {
 		q.w.mu.Unlock()
 		return false
 	}
+	kick, aerr, err := q.respondLocked(rr)
+	q.w.mu.Unlock()
+	if aerr != nil {
+		return false
+	}
+	q.afterRespond(kick, err)
+	return true
+}
+
+// afterRespond, once the writer's lock is let go, breaks the queue pair
+// after a failed write of a Read Response, or has the responder goroutine
+// write what respondLocked left.
+func (q *QP) afterRespond(kick bool, err error) {
+	switch {
+	case err != nil:
+		q.txFailed("Read Response", err)
+	case kick:
+		q.kickResponder()
+	}
+}
+
+// respondLocked writes rr's response with non-blocking writes; the caller
+// holds the writer's lock, and nothing is pending in the writer, nor an
+// inline response. What the socket does not take becomes the inline
+// response, for the responder goroutine (kick). aerr: the region cannot
+// be read, nothing was written. err: a write failed (afterRespond).
+func (q *QP) respondLocked(rr readRequest) (kick bool, aerr, err error) {
 	var src []byte
 	var mr *verbs.MemoryRegion
 	if rr.size > 0 {
 		q.inlStop.prepare()
-		var err error
-		src, mr, err = q.pd.BeginAccess(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size), &q.inlStop)
-		if err != nil {
-			q.w.mu.Unlock()
-			return false
+		src, mr, aerr = q.pd.BeginAccess(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size), &q.inlStop)
+		if aerr != nil {
+			return false, aerr, nil
 		}
 	}
-	err := q.w.startLocked() // nothing pending: it does not write
+	err = q.w.startLocked() // nothing pending: it does not write
 	off := 0
 	for err == nil {
 		if rr.size > 0 && !q.inlStop.ioStart() {
@@ -243,21 +289,12 @@ func (q *QP) respondInline(rr readRequest) bool {
 		}
 		var last bool
 		if rr.size == 0 {
-			// RFC 5040 s5.2: one tagged segment without data (a
-			// requester's fence, or Linux siw's ready-to-receive).
-			var hb [taggedHdrLen]byte
-			putTagged(hb[:], true, opReadResp, rr.sinkSTag, rr.sinkTO)
-			// As in addRespLocked: the IRD slot is free before
-			// the peer can see the response.
-			q.irqCount.Add(-1)
-			err = q.w.addLocked(hb[:], nil)
+			q.addZeroRespLocked(&rr)
 			last = true
 		} else {
 			off, last = q.addRespLocked(&rr, src, off)
 		}
-		if err == nil {
-			err = q.w.tryFlushLocked()
-		}
+		err = q.w.tryFlushLocked()
 		if rr.size > 0 {
 			q.inlStop.ioEnd()
 		}
@@ -271,31 +308,132 @@ func (q *QP) respondInline(rr readRequest) bool {
 		if mr != nil {
 			mr.EndAccess(&q.inlStop, 0, 0)
 		}
-		q.w.mu.Unlock()
-		q.txFailed("Read Response", err)
-		return true
+		return false, nil, err
 	case rr.size == 0 || off == len(src) && !q.w.pending():
 		if mr != nil {
 			mr.EndAccess(&q.inlStop, 0, 0)
 		}
-		rest := q.w.pending()
-		q.w.mu.Unlock()
-		if rest {
-			q.kickResponder()
-		}
-		return true
+		return q.w.pending(), nil, nil
 	}
 	// The socket is full, or an invalidation stopped the response: the
 	// responder goroutine goes on. The access stays until it is done;
 	// whoever writes the pending rest does so as part of the access.
-	q.inl = inlineResp{active: true, rr: rr, src: src, mr: mr, off: off}
+	q.setInlLocked(inlineResp{active: true, rr: rr, src: src, mr: mr, off: off})
 	if q.w.pending() {
 		q.w.pendStop = &q.inlStop
 	}
-	q.w.mu.Unlock()
 	q.respHandoffs.Add(1)
-	q.kickResponder()
+	return true, nil, nil
+}
+
+// addZeroRespLocked adds the response to a zero-length Read to the
+// writer's started batch. RFC 5040 s5.2: one tagged segment without data
+// (a requester's fence, or Linux siw's ready-to-receive).
+func (q *QP) addZeroRespLocked(rr *readRequest) {
+	var hb [taggedHdrLen]byte
+	putTagged(hb[:], true, opReadResp, rr.sinkSTag, rr.sinkTO)
+	// As in addRespLocked: the IRD slot is free before the peer can
+	// see the response.
+	q.irqCount.Add(-1)
+	_ = q.w.addLocked(hb[:], nil) // the batch is empty: no write
+}
+
+// A Read Request often arrives while the Send that asked for it is still
+// being posted: the peer answered before the poster's write returned (or
+// before the poster's thread ran again). Rather than waking the
+// responder goroutine, which would then wait for the writer, the
+// receiving goroutine leaves the request to the poster (parkRead), which
+// answers it before it lets go of the writer (answerParkedLocked), with
+// non-blocking writes as respondInline: nobody waits for the socket.
+// Whatever the poster cannot write becomes the inline response, which
+// the responder goroutine finishes before any later request (respLoop),
+// so responses keep the requests' order.
+
+// postParked is the poster's side of parkRead, under its mutex.
+type postParked struct {
+	mu      sync.Mutex
+	posting bool // the writer's holder is a direct poster (postDirect)
+	has     bool // rr waits for it
+	rr      readRequest
+}
+
+// startPosting marks the writer's holder, the caller, as a direct
+// poster: it takes a parked Read Request (endPostingLocked) before it lets go
+// of the writer.
+func (q *QP) startPosting() {
+	q.pk.mu.Lock()
+	q.pk.posting = true
+	q.pk.mu.Unlock()
+}
+
+// parkRead leaves rr, which respondInline could not answer because the
+// writer was busy, to the writer's holder if that is a direct poster. It
+// reports false, leaving rr to the responder goroutine, when the holder
+// is not one, or an inline response is unfinished (which goes first:
+// the responder goroutine has it).
+func (q *QP) parkRead(rr readRequest) bool {
+	if q.inlActive.Load() {
+		// Only the receiving goroutine, or a poster answering a parked
+		// request, starts an inline response: the receiving goroutine
+		// sees one it did not start here.
+		return false
+	}
+	q.pk.mu.Lock()
+	defer q.pk.mu.Unlock()
+	if !q.pk.posting || q.pk.has {
+		return false
+	}
+	q.pk.rr, q.pk.has = rr, true
+	q.respParked.Add(1)
 	return true
+}
+
+// endPostingLocked, by a direct poster before it lets go of the writer,
+// ends its posting and answers the Read Request parked with it, if any,
+// unless its own write failed (ok false: the stream is over). The
+// results are for afterRespond, once the writer's lock is let go.
+func (q *QP) endPostingLocked(ok bool) (kick bool, err error) {
+	q.pk.mu.Lock()
+	rr, has := q.pk.rr, q.pk.has
+	q.pk.posting, q.pk.has, q.pk.rr = false, false, readRequest{}
+	q.pk.mu.Unlock()
+	if !has || !ok {
+		return false, nil
+	}
+	return q.answerParkedLocked(rr)
+}
+
+// answerParkedLocked answers a parked Read Request; the caller, its
+// poster, holds the writer's lock and its own write succeeded. No
+// inline response is unfinished (parkRead). The results are
+// respondLocked's, for afterRespond.
+func (q *QP) answerParkedLocked(rr readRequest) (kick bool, err error) {
+	if q.w.sealed || q.respExited {
+		return false, nil // the stream is over
+	}
+	if !q.w.pending() {
+		kick, aerr, err := q.respondLocked(rr)
+		if aerr == nil {
+			return kick, err
+		}
+		// The responder goroutine sends the Terminate, before any
+		// later request's response.
+		q.setInlLocked(inlineResp{active: true, rr: rr, bad: accessFault(rr, aerr)})
+		return true, nil
+	}
+	// The post left the rest of its write: the responder goroutine
+	// writes it, then the whole response (resumeInline).
+	r := inlineResp{active: true, rr: rr}
+	if rr.size > 0 {
+		q.inlStop.prepare()
+		src, mr, aerr := q.pd.BeginAccess(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size), &q.inlStop)
+		if aerr != nil {
+			r.bad = accessFault(rr, aerr)
+		}
+		r.src, r.mr = src, mr
+	}
+	q.setInlLocked(r)
+	return true, nil
 }
 
 // kickResponder has the responder goroutine write what respondInline
@@ -321,6 +459,25 @@ func (q *QP) resumeInline() error {
 		return err
 	}
 	r := &q.inl
+	if r.active && r.bad != nil {
+		f := r.bad
+		q.endInlineLocked()
+		q.w.mu.Unlock()
+		return f
+	}
+	if r.active && r.rr.size == 0 {
+		// A parked zero-length Read (answerParkedLocked).
+		if err := q.w.startLocked(); err != nil {
+			q.endInlineLocked()
+			q.w.mu.Unlock()
+			return err
+		}
+		q.addZeroRespLocked(&r.rr)
+		err := q.w.flushLocked()
+		q.endInlineLocked()
+		q.w.mu.Unlock()
+		return err
+	}
 	for r.active {
 		if r.off == len(r.src) {
 			break // the last segment is out

@@ -55,6 +55,8 @@ type rxState struct {
 	// the trailer of a last segment (readTrailer moves them to hdr).
 	opt int
 	vr  *vecReader
+	// rd reads the socket for direct reads (rawReader); nil: q.conn.
+	rd io.Reader
 	// yield: a work request completed since the last socket read
 	// (see yieldIfIdle).
 	yield bool
@@ -79,10 +81,18 @@ const (
 	smallLimit = 8
 )
 
+// reader is what reads the socket: rd, or the connection itself.
+func (rs *rxState) reader(q *QP) io.Reader {
+	if rs.rd != nil {
+		return rs.rd
+	}
+	return q.conn
+}
+
 // readFull reads len(b) bytes of headers or trailers.
 func (q *QP) readFull(rs *rxState, b []byte) error {
 	if rs.direct {
-		_, err := io.ReadFull(q.conn, b)
+		_, err := io.ReadFull(rs.reader(q), b)
 		return err
 	}
 	return readBuffered(q.br, b)
@@ -106,7 +116,7 @@ func readBuffered(br *bufio.Reader, b []byte) error {
 // receive side owns.
 func (q *QP) rxLoop() {
 	defer q.wg.Done()
-	rs := &rxState{sendMSN: 1, readMSN: 1, vr: newVecReader(q.conn)}
+	rs := &rxState{sendMSN: 1, readMSN: 1, vr: newVecReader(q.conn), rd: newRawReader(q.conn)}
 	err := q.receive(rs)
 	readStatus := verbs.StatusFlushed
 	var fault *rxFault
@@ -163,7 +173,7 @@ func (q *QP) receive(rs *rxState) error {
 		if !rs.bigReader && q.conn != nil && q.br.Buffered() == 0 {
 			// The MPA exchange's reader is drained: go on with a
 			// large one (nothing is lost replacing an empty one).
-			q.br = bufio.NewReaderSize(q.conn, readerSize)
+			q.br = bufio.NewReaderSize(rs.reader(q), readerSize)
 			rs.bigReader = true
 		}
 		if have < 4 && rs.yield {
@@ -326,7 +336,7 @@ func (q *QP) placeData(rs *rxState, dst []byte, tagged bool) error {
 			}
 			rs.trailerIn, rs.opt = true, n
 		default:
-			if _, err := io.ReadFull(q.conn, dst[k:]); err != nil {
+			if _, err := io.ReadFull(rs.reader(q), dst[k:]); err != nil {
 				return err
 			}
 		}
@@ -334,7 +344,7 @@ func (q *QP) placeData(rs *rxState, dst []byte, tagged bool) error {
 		if rs.small++; rs.small >= smallLimit {
 			rs.direct = false
 		}
-		if _, err := io.ReadFull(q.conn, dst); err != nil {
+		if _, err := io.ReadFull(rs.reader(q), dst); err != nil {
 			return err
 		}
 	default:
@@ -634,6 +644,7 @@ func (q *QP) rxReadRequest(rs *rxState, h *ddpHeader, n int) error {
 	if k == 1 && q.respondInline(rr) {
 		return nil
 	}
+	q.respQueued.Add(1)
 	select {
 	case q.irq <- rr:
 	default:

@@ -68,11 +68,14 @@ func (q *QP) postDirect(e *sqEntry, seq uint64) {
 		err = q.w.tryFlushLocked()
 	}
 	rest := q.w.pending()
+	// A Read Request that came meanwhile (resp.go, parkRead).
+	respKick, respErr := q.endPostingLocked(err == nil)
 	q.w.mu.Unlock()
 	if err != nil {
 		q.txFailed(e.wr.Opcode.String(), err)
 	} else {
 		q.startKick()
+		q.afterRespond(respKick, respErr)
 	}
 	q.mu.Lock()
 	q.txBusy = false

@@ -210,7 +210,8 @@ func (w *fpduWriter) consume(n int) {
 }
 
 // writev is the RawConn callback: one writev(2) of bufs; it never asks
-// to wait for the socket.
+// to wait for the socket. The socket is non-blocking, so the call is a
+// raw one (see rawReader).
 func (w *fpduWriter) writev(fd uintptr) bool {
 	cnt := 0
 	for _, b := range w.bufs {
@@ -227,7 +228,7 @@ func (w *fpduWriter) writev(fd uintptr) bool {
 		return true
 	}
 	for {
-		r, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(cnt))
+		r, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(cnt))
 		switch {
 		case e == unix.EINTR:
 			continue
