@@ -303,8 +303,9 @@ func matches(hb []byte, s specSlot, stag uint32, to uint64) bool {
 // not the last of the Read r, and as many following segments as it can
 // predict and read in the same system calls (see specMax). It checks each
 // FPDU's trailer (readTrailer's work) and returns the payload bytes placed
-// and whether the last segment placed ends the Response. ok is false when
-// the run cannot start (the caller places h alone).
+// (also with an error: those of the FPDUs before it) and whether the last
+// segment placed ends the Response. ok is false when the run cannot start
+// (the caller places h alone).
 func (q *QP) readRespRun(rs *rxState, h *ddpHeader, n int, r *readCtx) (placed int, last, ok bool, err error) {
 	if rs.spec == nil {
 		rs.spec = &specState{}
@@ -329,15 +330,16 @@ func (q *QP) readRespRun(rs *rxState, h *ddpHeader, n int, r *readCtx) (placed i
 		err = errStopped
 	}
 	stopped := q.rxStop.ioEnd()
+	// The FPDUs checked before an error count as placed, as they would
+	// had each been placed alone.
+	mr.EndAccess(&q.rxStop, h.to, uint64(placed))
 	if err != nil {
-		mr.EndAccess(&q.rxStop, 0, 0)
 		if stopped {
-			return 0, false, true, rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTInvalidSTag,
+			err = rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTInvalidSTag,
 				fmt.Errorf("inbound Read Response sink: STag %#08x invalidated during placement: %w: %w", h.stag, verbs.ErrInvalidSTag, err))
 		}
-		return 0, false, true, err
+		return placed, false, true, err
 	}
-	mr.EndAccess(&q.rxStop, h.to, uint64(placed))
 	q.unread(rs, sp.left)
 	return placed, last, true, nil
 }
@@ -373,7 +375,7 @@ func (q *QP) specRun(rs *rxState, sp *specState, dst []byte, h *ddpHeader, k int
 			}
 			got, err := rs.vr.fillv(bufs, reqEnd-have)
 			if err != nil {
-				return 0, false, err
+				return placed, false, err
 			}
 			have += got
 		}
@@ -382,7 +384,7 @@ func (q *QP) specRun(rs *rxState, sp *specState, dst []byte, h *ddpHeader, k int
 			c := crc32.Update(rs.crc, castagnoli, dst[s.off:s.off+s.n])
 			c = crc32.Update(c, castagnoli, gap[:pad])
 			if got := binary.LittleEndian.Uint32(gap[pad:]); got != c {
-				return 0, false, rs.fault(LayerLLP, LLPEtypeMPA, LLPCodeCRC, fmt.Errorf("iwarp: MPA CRC %#08x, computed %#08x", got, c))
+				return placed, false, rs.fault(LayerLLP, LLPEtypeMPA, LLPCodeCRC, fmt.Errorf("iwarp: MPA CRC %#08x, computed %#08x", got, c))
 			}
 		}
 		placed += s.n

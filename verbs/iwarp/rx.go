@@ -403,6 +403,9 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 			// that follow with it if they are where they should be.
 			placed, l, ok, err := q.readRespRun(rs, h, n, &r)
 			if err != nil {
+				q.mu.Lock()
+				q.orq.at(0).got += uint32(placed)
+				q.mu.Unlock()
 				return err
 			}
 			if ran = ok; ran {

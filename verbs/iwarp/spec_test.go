@@ -1,0 +1,497 @@
+package iwarp
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// Tests of the speculative Read Response reads (readv.go, readRespRun):
+// a receive path without a peer reads a hand-made stream, once from a
+// loopback socket on which the whole stream has arrived before it starts
+// (so the run's readv sees every byte it may take), once from memory
+// (no socket: no speculation, today's path). Both must end alike.
+
+// specStream builds a test stream of FPDUs, with CRCs if crc is set.
+type specStream struct {
+	b   []byte
+	crc bool
+}
+
+func (s *specStream) frame(ulpdu []byte) {
+	start := len(s.b)
+	s.b = binary.BigEndian.AppendUint16(s.b, uint16(len(ulpdu)))
+	s.b = append(s.b, ulpdu...)
+	s.b = append(s.b, make([]byte, -len(s.b[start:])&3)...)
+	var c uint32
+	if s.crc {
+		// RFC 5044 s4.1: the CRC covers length, ULPDU and pad.
+		c = crc32.Update(0, castagnoli, s.b[start:])
+	}
+	s.b = binary.LittleEndian.AppendUint32(s.b, c)
+}
+
+func (s *specStream) tagged(op byte, last bool, stag uint32, to uint64, payload []byte) {
+	var h [taggedHdrLen]byte
+	putTagged(h[:], last, op, stag, to)
+	s.frame(append(h[:], payload...))
+}
+
+func (s *specStream) send(msn uint32, payload []byte) {
+	var h [untaggedHdrLen]byte
+	putUntagged(h[:], true, opSend, 0, qnSend, msn, 0)
+	s.frame(append(h[:], payload...))
+}
+
+// specEnv holds the regions a test stream targets: sink, the sink of
+// RDMA Reads of the given sizes laid out one after the other from
+// specGuard, with guard bytes around; and win, a region the peer may
+// write (STag win.STag()).
+type specEnv struct {
+	pd    *verbs.ProtectionDomain
+	sink  *verbs.MemoryRegion
+	win   *verbs.MemoryRegion
+	reads []uint32
+	total int
+}
+
+const specGuard = 4096
+
+func newSpecEnv(t testing.TB, reads ...uint32) *specEnv {
+	t.Helper()
+	e := &specEnv{pd: verbs.NewProtectionDomain(), reads: reads}
+	for _, r := range reads {
+		e.total += int(r)
+	}
+	e.sink = reg(t, e.pd, make([]byte, specGuard+e.total+specGuard), verbs.AccessLocalWrite)
+	e.win = reg(t, e.pd, make([]byte, 64<<10), verbs.AccessRemoteWrite)
+	return e
+}
+
+// sinkTO is the sink offset of Read i.
+func (e *specEnv) sinkTO(i int) uint64 {
+	o := uint64(specGuard)
+	for _, r := range e.reads[:i] {
+		o += uint64(r)
+	}
+	return o
+}
+
+// specOutcome is what a receive path did with a stream.
+type specOutcome struct {
+	fault    *Terminate // nil: the stream ended without a protocol fault
+	err      error
+	sends    []verbs.Completion // send queue: the Reads' completions
+	recvs    []verbs.Completion
+	recvData []byte
+	got      uint32 // bytes the first outstanding Read has placed
+	sink     []byte // copy of the sink region
+	readv    uint64 // readv system calls (socket mode)
+}
+
+// byteConn is a connection that reads from memory and has no socket.
+type byteConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *byteConn) Read(b []byte) (int, error)       { return c.r.Read(b) }
+func (c *byteConn) SetReadDeadline(time.Time) error { return nil }
+
+// run receives stream with fresh receive state, from a socket if sock.
+func (e *specEnv) run(t testing.TB, stream []byte, crc, sock bool) specOutcome {
+	t.Helper()
+	fillGuard(e.sink.Bytes())
+	q := &QP{pd: e.pd, crc: crc, ird: 1, scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
+	q.cond.L = &q.mu
+	q.rxStop.q = q
+	for i, size := range e.reads {
+		q.sq.push(sqEntry{wr: verbs.SendWR{WRID: uint64(i + 1), Opcode: verbs.OpRDMARead}})
+		q.orq.push(readCtx{seq: uint64(i), sinkSTag: e.sink.STag(), sinkTO: e.sinkTO(i), size: size})
+	}
+	q.sqNextSeq, q.reads, q.ord = uint64(len(e.reads)), len(e.reads), len(e.reads)
+	recvBuf := make([]byte, 256)
+	q.rq.push(recvEntry{wrid: 100, buf: recvBuf})
+	if sock {
+		q.conn = queuedConn(t, stream)
+	} else {
+		q.conn = &byteConn{r: bytes.NewReader(stream)}
+	}
+	q.br = bufio.NewReaderSize(q.conn, readerSize)
+	// direct: as after an earlier large FPDU, with the reader empty.
+	rs := &rxState{sendMSN: 1, readMSN: 1, vr: newVecReader(q.conn), bigReader: true, direct: true}
+	calls := readvCalls.Load()
+	err := q.receive(rs)
+	var o specOutcome
+	o.readv = readvCalls.Load() - calls
+	var f *rxFault
+	if errors.As(err, &f) {
+		o.fault = &f.t
+	} else {
+		o.err = err
+	}
+	o.sends = drainCQ(t, q.scq)
+	o.recvs = drainCQ(t, q.rcq)
+	if len(o.recvs) > 0 {
+		o.recvData = recvBuf[:o.recvs[0].ByteLen]
+	}
+	if q.orq.len() > 0 {
+		o.got = q.orq.at(0).got
+	}
+	o.sink = append([]byte(nil), e.sink.Bytes()...)
+	return o
+}
+
+// drainCQ returns the completions cq holds.
+func drainCQ(t testing.TB, cq *verbs.SoftCQ) []verbs.Completion {
+	var out []verbs.Completion
+	for {
+		var wc [8]verbs.Completion
+		n := cq.TryPoll(wc[:])
+		if n == 0 {
+			return out
+		}
+		out = append(out, wc[:n]...)
+	}
+}
+
+// queuedConn returns the receiving end of a loopback TCP connection on
+// which all of stream has arrived, followed by the end of the stream.
+func queuedConn(t testing.TB, stream []byte) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	wr, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { wr.Close() })
+	rd, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rd.Close() })
+	_ = rd.(*net.TCPConn).SetReadBuffer(4 << 20)
+	go func() {
+		_, _ = wr.Write(stream)
+		_ = wr.(*net.TCPConn).CloseWrite()
+	}()
+	raw, err := rd.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	for queued := 0; queued < len(stream); {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d stream bytes arrived", queued, len(stream))
+		}
+		time.Sleep(time.Millisecond)
+		_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	}
+	return rd
+}
+
+// compare fails unless the socket run (speculating) ended as the memory
+// run (not speculating): same fault, completions, Send data, bytes of
+// the Reads that completed and of the outstanding Read's placed prefix,
+// and no byte outside the Reads' sink ranges.
+func (e *specEnv) compare(t testing.TB, sock, mem specOutcome) {
+	t.Helper()
+	switch {
+	case (sock.fault == nil) != (mem.fault == nil):
+		t.Fatalf("speculating: fault %v (%v); not: %v (%v)", sock.fault, sock.err, mem.fault, mem.err)
+	case sock.fault != nil && (sock.fault.Layer != mem.fault.Layer || sock.fault.EType != mem.fault.EType || sock.fault.Code != mem.fault.Code):
+		t.Fatalf("speculating: fault %v; not: %v", sock.fault, mem.fault)
+	case !sameCompletions(sock.sends, mem.sends) || !sameCompletions(sock.recvs, mem.recvs):
+		t.Fatalf("speculating: completions %+v %+v; not: %+v %+v", sock.sends, sock.recvs, mem.sends, mem.recvs)
+	case !bytes.Equal(sock.recvData, mem.recvData):
+		t.Fatalf("speculating: Send data %x; not %x", sock.recvData, mem.recvData)
+	case sock.fault != nil && sock.got != mem.got:
+		t.Fatalf("speculating: outstanding Read placed %d bytes; not %d", sock.got, mem.got)
+	}
+	// When the stream ends in the middle of a message, a reader that
+	// reads the next header with a trailer (today's direct path) does
+	// not count the FPDU before it; either count is right.
+	done := len(mem.sends)
+	end := e.sinkTO(done) + uint64(min(sock.got, mem.got))
+	if !bytes.Equal(sock.sink[specGuard:end], mem.sink[specGuard:end]) {
+		t.Fatalf("speculating: sink bytes [%d, %d) differ", specGuard, end)
+	}
+	for _, o := range []specOutcome{sock, mem} {
+		for i, b := range o.sink {
+			if (i < specGuard || i >= specGuard+e.total) && b != guardByte {
+				t.Fatalf("sink byte %d outside the Reads' ranges written", i)
+			}
+		}
+	}
+}
+
+func sameCompletions(a, b []verbs.Completion) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].WRID != b[i].WRID || a[i].Status != b[i].Status || a[i].ByteLen != b[i].ByteLen || a[i].Opcode != b[i].Opcode {
+			return false
+		}
+	}
+	return true
+}
+
+// respond appends Read i's Response cut into segments of the given
+// payload sizes (the last segment takes the rest).
+func (e *specEnv) respond(s *specStream, i int, data []byte, sizes ...int) {
+	off := 0
+	for k := 0; off < len(data); k++ {
+		n := len(data) - off
+		if k < len(sizes) {
+			n = min(n, sizes[k])
+		}
+		s.tagged(opReadResp, off+n == len(data), e.sink.STag(), e.sinkTO(i)+uint64(off), data[off:off+n])
+		off += n
+	}
+}
+
+func repeatSize(n, k int) []int {
+	s := make([]int, k)
+	for i := range s {
+		s[i] = n
+	}
+	return s
+}
+
+// TestSpecReadResponse runs layouts a speculating receiver must parse as
+// a non-speculating one does.
+func TestSpecReadResponse(t *testing.T) {
+	const seg = 16 << 10 // directMin: the smallest segment a run starts on
+	const size = 8 * seg
+	data := randBytes(size, 7)
+	data2 := randBytes(size, 8)
+	tests := []struct {
+		name     string
+		crc      bool
+		build    func(e *specEnv, s *specStream)
+		maxReadv uint64 // 0: not checked
+	}{
+		{"predicted", false, func(e *specEnv, s *specStream) {
+			e.respond(s, 0, data, repeatSize(seg, 8)...)
+		}, 3},
+		{"predicted with CRC", true, func(e *specEnv, s *specStream) {
+			e.respond(s, 0, data, repeatSize(seg, 8)...)
+		}, 3},
+		{"two Reads", false, func(e *specEnv, s *specStream) {
+			e.respond(s, 0, data, repeatSize(seg, 8)...)
+			e.respond(s, 1, data2, repeatSize(seg, 8)...)
+		}, 4},
+		{"smaller than predicted", false, func(e *specEnv, s *specStream) {
+			e.respond(s, 0, data, seg, seg, 5000, 11000, 1460, seg)
+		}, 0},
+		{"larger than predicted", false, func(e *specEnv, s *specStream) {
+			e.respond(s, 0, data, seg, 2*seg, 3*seg)
+		}, 0},
+		{"siw-sized after a large one", true, func(e *specEnv, s *specStream) {
+			e.respond(s, 0, data, append([]int{seg}, repeatSize(1460-2-4-taggedHdrLen, 200)...)...)
+		}, 0},
+		{"Send interleaved", false, func(e *specEnv, s *specStream) {
+			s.tagged(opReadResp, false, e.sink.STag(), e.sinkTO(0), data[:seg])
+			s.tagged(opReadResp, false, e.sink.STag(), e.sinkTO(0)+seg, data[seg:2*seg])
+			s.send(1, []byte("interleaved"))
+			for off := 2 * seg; off < size; off += seg {
+				s.tagged(opReadResp, off+seg == size, e.sink.STag(), e.sinkTO(0)+uint64(off), data[off:off+seg])
+			}
+		}, 0},
+		{"Write interleaved", false, func(e *specEnv, s *specStream) {
+			s.tagged(opReadResp, false, e.sink.STag(), e.sinkTO(0), data[:seg])
+			s.tagged(opWrite, true, e.win.STag(), 100, data[:seg])
+			for off := seg; off < size; off += seg {
+				s.tagged(opReadResp, off+seg == size, e.sink.STag(), e.sinkTO(0)+uint64(off), data[off:off+seg])
+			}
+		}, 0},
+		{"wrong STag", false, func(e *specEnv, s *specStream) {
+			for off := 0; off < size; off += seg {
+				stag := e.sink.STag()
+				if off == 3*seg {
+					stag ^= 0x100
+				}
+				s.tagged(opReadResp, off+seg == size, stag, e.sinkTO(0)+uint64(off), data[off:off+seg])
+			}
+		}, 0},
+		{"wrong TO", false, func(e *specEnv, s *specStream) {
+			for off := 0; off < size; off += seg {
+				to := e.sinkTO(0) + uint64(off)
+				if off == 2*seg {
+					to += 4
+				}
+				s.tagged(opReadResp, off+seg == size, e.sink.STag(), to, data[off:off+seg])
+			}
+		}, 0},
+		{"Last too early", false, func(e *specEnv, s *specStream) {
+			for off := 0; off < 4*seg; off += seg {
+				s.tagged(opReadResp, off == 3*seg, e.sink.STag(), e.sinkTO(0)+uint64(off), data[off:off+seg])
+			}
+		}, 0},
+		{"bad CRC in a predicted FPDU", true, func(e *specEnv, s *specStream) {
+			e.respond(s, 0, data, repeatSize(seg, 8)...)
+			s.b[3*(2+taggedHdrLen+seg+4)+100] ^= 1 // a payload byte of the fourth FPDU
+		}, 0},
+		{"stream ends in a predicted FPDU", false, func(e *specEnv, s *specStream) {
+			e.respond(s, 0, data, repeatSize(seg, 8)...)
+			s.b = s.b[:3*(2+taggedHdrLen+seg+4)+500]
+		}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newSpecEnv(t, size, size)
+			s := &specStream{crc: tt.crc}
+			tt.build(e, s)
+			sock := e.run(t, s.b, tt.crc, true)
+			mem := e.run(t, s.b, tt.crc, false)
+			e.compare(t, sock, mem)
+			if tt.maxReadv > 0 && sock.readv > tt.maxReadv {
+				t.Errorf("%d readv calls, want at most %d", sock.readv, tt.maxReadv)
+			}
+			t.Logf("%d readv calls; fault %v; sends %d", sock.readv, sock.fault, len(sock.sends))
+		})
+	}
+}
+
+// TestSpecInvalidate invalidates the sink while a run waits for the rest
+// of a predicted FPDU whose header it has checked: the invalidation stops
+// the read (RFC 8166 s8.1.3), the receiver faults with an invalid STag,
+// and no byte lands after the invalidation returns.
+func TestSpecInvalidate(t *testing.T) {
+	const seg = 16 << 10
+	ctx := testCtx(t)
+	e := newSpecEnv(t, 8*seg)
+	data := bytes.Repeat([]byte{0x77}, 8*seg)
+	s := &specStream{}
+	e.respond(s, 0, data, repeatSize(seg, 8)...)
+	const early = 2*(2+taggedHdrLen+seg+4) + 2 + taggedHdrLen + 1000 // 1000 bytes into the third payload
+	fillGuard(e.sink.Bytes())
+	q := &QP{pd: e.pd, ird: 1, scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
+	q.cond.L = &q.mu
+	q.rxStop.q = q
+	q.sq.push(sqEntry{wr: verbs.SendWR{WRID: 1, Opcode: verbs.OpRDMARead}})
+	q.orq.push(readCtx{sinkSTag: e.sink.STag(), sinkTO: e.sinkTO(0), size: 8 * seg})
+	q.sqNextSeq, q.reads, q.ord = 1, 1, 1
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	wr, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wr.Close()
+	rd, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	q.conn, q.br = rd, bufio.NewReaderSize(rd, readerSize)
+	if _, err := wr.Write(s.b[:early]); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- q.receive(&rxState{sendMSN: 1, readMSN: 1, vr: newVecReader(rd), bigReader: true, direct: true})
+	}()
+	// The run has taken every byte sent: it waits for the rest of the
+	// third FPDU, holding the sink.
+	raw, _ := rd.(*net.TCPConn).SyscallConn()
+	for queued := 1; queued > 0; {
+		if ctx.Err() != nil {
+			t.Fatal("the receiver did not read the stream")
+		}
+		time.Sleep(time.Millisecond)
+		_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	}
+	if err := e.sink.InvalidateContext(ctx); err != nil {
+		t.Fatalf("invalidate: %v", err)
+	}
+	snap := append([]byte(nil), e.sink.Bytes()...)
+	_, _ = wr.Write(s.b[early:]) // the late bytes
+	var f *rxFault
+	if err := <-done; !errors.As(err, &f) || f.t.Code != DDPCodeTInvalidSTag || !errors.Is(f.cause, verbs.ErrInvalidSTag) {
+		t.Fatalf("receive: %v, want an invalid STag fault", err)
+	}
+	if !bytes.Equal(snap, e.sink.Bytes()) {
+		t.Fatal("sink bytes changed after the invalidation returned")
+	}
+	for i, b := range snap {
+		inPlaced := i >= specGuard && i < specGuard+2*seg+1000
+		if inPlaced != (b == 0x77) {
+			t.Fatalf("sink byte %d is %#x: only the %d bytes received may land", i, b, 2*seg+1000)
+		}
+	}
+}
+
+// FuzzSpecReadResponse builds streams of Read Response segments of mixed
+// sizes, with Sends and Writes between them and wrong STags, offsets and
+// Last flags, and checks that a speculating receiver ends as a
+// non-speculating one does (TestSpecReadResponse's compare).
+func FuzzSpecReadResponse(f *testing.F) {
+	f.Add(false, []byte{0, 0, 0, 0, 0, 0, 0, 0, 0})
+	f.Add(true, []byte{0, 0, 3, 0, 5, 0, 0, 7, 0, 0})
+	f.Add(false, []byte{0, 0, 6, 0, 0, 0, 0x0e, 0, 0, 0x16, 0})
+	f.Add(false, []byte{0, 0x08, 0x10, 0x18, 0x20, 0x28, 0})
+	f.Fuzz(func(t *testing.T, crc bool, ops []byte) {
+		const seg = 16 << 10
+		sizes := [...]int{seg, seg, seg, 5000, 1, 2 * seg, 0, 1460 - 2 - 4 - taggedHdrLen}
+		e := newSpecEnv(t, 6*seg, 3*seg)
+		s := &specStream{crc: crc}
+		read, off, msn := 0, 0, uint32(1)
+		mutate := byte(0)
+		for i, op := range ops {
+			if len(s.b) > 1<<20 || i > 64 {
+				break
+			}
+			switch op & 7 {
+			case 5:
+				s.send(msn, []byte("between"))
+				msn++
+			case 6:
+				mutate = op >> 3 & 3 // for the next segment
+			case 7:
+				s.tagged(opWrite, op&8 != 0, e.win.STag(), uint64(op>>4)*100, make([]byte, 16))
+			default:
+				if read >= len(e.reads) {
+					continue
+				}
+				n := min(sizes[int(op>>3)%len(sizes)], int(e.reads[read])-off)
+				last := off+n == int(e.reads[read])
+				stag, to := e.sink.STag(), e.sinkTO(read)+uint64(off)
+				switch mutate {
+				case 1:
+					stag ^= 0x100
+				case 2:
+					to += 4
+				case 3:
+					last = !last
+				}
+				mutate = 0
+				s.tagged(opReadResp, last, stag, to, randBytes(n, uint64(i)))
+				if off += n; off == int(e.reads[read]) {
+					read, off = read+1, 0
+				}
+			}
+		}
+		sock := e.run(t, s.b, crc, true)
+		mem := e.run(t, s.b, crc, false)
+		e.compare(t, sock, mem)
+	})
+}
