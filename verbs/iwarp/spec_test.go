@@ -105,7 +105,7 @@ type byteConn struct {
 	r io.Reader
 }
 
-func (c *byteConn) Read(b []byte) (int, error)       { return c.r.Read(b) }
+func (c *byteConn) Read(b []byte) (int, error)      { return c.r.Read(b) }
 func (c *byteConn) SetReadDeadline(time.Time) error { return nil }
 
 // run receives stream with fresh receive state, from a socket if sock.
