@@ -228,7 +228,7 @@ func (r *rawReader) read(fd uintptr) bool {
 // Writes are not speculated on: their length is unknown until the last
 // segment, so a wrong prediction could leave stream bytes in parts of
 // the peer's target region that no segment of the message covers.
-const specMax = 256 << 10 // payload read ahead beyond the current FPDU
+const specMax = 1 << 20 // payload read ahead beyond the current FPDU
 
 // specSlot is one FPDU of a predicted run: its payload's offset in the
 // run's sink range, its length, and whether it ends the Read Response.
