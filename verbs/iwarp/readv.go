@@ -247,6 +247,7 @@ type specState struct {
 	gaps  [maxIov / 2][3 + 4 + prefetchLen]byte
 	bufs  [maxIov][]byte
 	left  []byte
+	miss  bool // the run ended on a header other than predicted
 }
 
 // plan lays out a run that starts with the current FPDU's n-byte payload
@@ -340,6 +341,12 @@ func (q *QP) readRespRun(rs *rxState, h *ddpHeader, n int, r *readCtx) (placed i
 		}
 		return placed, false, true, err
 	}
+	if sp.miss {
+		// The peer does not segment this Response as predicted (or
+		// puts other messages between its segments): the bytes read
+		// past the miss cost a copy, so do not guess again for it.
+		rs.specMiss = r.seq + 1
+	}
 	q.unread(rs, sp.left)
 	return placed, last, true, nil
 }
@@ -348,7 +355,7 @@ func (q *QP) readRespRun(rs *rxState, h *ddpHeader, n int, r *readCtx) (placed i
 // readRespRun); on return sp.left holds the bytes read past the last FPDU
 // placed, which belong to the stream parser.
 func (q *QP) specRun(rs *rxState, sp *specState, dst []byte, h *ddpHeader, k int) (placed int, last bool, err error) {
-	sp.left = sp.left[:0]
+	sp.left, sp.miss = sp.left[:0], false
 	have := 0 // stream bytes of the run read so far
 	cur := 0  // the slot whose header is checked (slot 0: by receive)
 	for {
@@ -396,6 +403,7 @@ func (q *QP) specRun(rs *rxState, sp *specState, dst []byte, h *ddpHeader, k int
 		next := sp.slots[cur+1]
 		hb := gap[pad+4 : pad+4+prefetchLen]
 		if !matches(hb, next, h.stag, h.to+uint64(next.off)) {
+			sp.miss = true
 			sp.left = sp.gather(sp.left, dst, k, gapStart+pad+4, have)
 			return placed, false, nil
 		}
@@ -433,15 +441,23 @@ func (q *QP) unread(rs *rxState, b []byte) {
 		rs.pre = copy(rs.hdr[:], b)
 		return
 	}
-	rs.pend = &pendReader{b: append([]byte(nil), b...), r: rs.reader(q)}
-	q.br = bufio.NewReaderSize(rs.pend, readerSize)
-	rs.bigReader, rs.direct = true, false
+	if rs.pend == nil {
+		// From now on the buffered reader reads by way of rs.pend
+		// (which only passes reads on while it is drained).
+		rs.pend = &pendReader{r: rs.reader(q)}
+		q.br = bufio.NewReaderSize(rs.pend, readerSize)
+		rs.bigReader = true
+	}
+	rs.pend.buf = append(rs.pend.buf[:0], b...) // drained: no run starts otherwise
+	rs.pend.b = rs.pend.buf
+	rs.direct = false
 }
 
 // pendReader reads b, then r.
 type pendReader struct {
-	b []byte
-	r io.Reader
+	b   []byte
+	buf []byte // b's storage, reused
+	r   io.Reader
 }
 
 func (p *pendReader) Read(b []byte) (int, error) {

@@ -68,6 +68,9 @@ type rxState struct {
 	// returns before the socket's (nil: none).
 	spec *specState
 	pend *pendReader
+	// specMiss: 1 + the sequence number of the Read whose Response
+	// a run mispredicted (0: none); no more runs for it.
+	specMiss uint64
 }
 
 // prefetchLen is how much of the next FPDU a direct reader takes with a
@@ -398,7 +401,7 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTBaseBounds, fmt.Errorf("iwarp: Read Response [%d,+%d) does not continue [%d,+%d) at %d", h.to, n, r.sinkTO, r.size, r.got))
 		}
 		last, ran := h.last(), false
-		if !last && n >= directMin && rs.vr != nil && rs.vr.raw != nil && q.br.Buffered() == 0 && rs.pend.drained() {
+		if !last && n >= directMin && rs.vr != nil && rs.vr.raw != nil && q.br.Buffered() == 0 && rs.pend.drained() && rs.specMiss != r.seq+1 {
 			// A large segment of a longer Response: read the ones
 			// that follow with it if they are where they should be.
 			placed, l, ok, err := q.readRespRun(rs, h, n, &r)
