@@ -204,6 +204,7 @@ func (r *rawReader) read(fd uintptr) bool {
 		return true
 	}
 }
+
 // Speculative reads of a Read Response. A large Read Response comes as a
 // run of FPDUs that, from a sender that segments at a fixed size (ours,
 // resp.go, and Linux siw at its maximum segment), all carry the same
