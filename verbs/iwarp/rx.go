@@ -63,14 +63,6 @@ type rxState struct {
 	// bigReader: q.br is the receive side's readerSize reader, no
 	// longer the MPA exchange's.
 	bigReader bool
-	// spec: a speculative Read Response run's plan (readv.go); pend:
-	// the bytes such a run read past a wrong prediction, which q.br
-	// returns before the socket's (nil: none).
-	spec *specState
-	pend *pendReader
-	// specMiss: 1 + the sequence number of the Read whose Response
-	// a run mispredicted (0: none); no more runs for it.
-	specMiss uint64
 }
 
 // prefetchLen is how much of the next FPDU a direct reader takes with a
@@ -324,7 +316,7 @@ func (q *QP) placeData(rs *rxState, dst []byte, tagged bool) error {
 			}
 			// Direct reads only once the buffered reader is empty,
 			// or the stream would be read out of order.
-			rs.direct = q.br.Buffered() == 0 && rs.pend.drained()
+			rs.direct = q.br.Buffered() == 0
 		}
 		rs.small = 0
 		switch {
@@ -344,11 +336,7 @@ func (q *QP) placeData(rs *rxState, dst []byte, tagged bool) error {
 			}
 			rs.trailerIn, rs.opt = true, n
 		default:
-			src := rs.reader(q)
-			if !rs.direct {
-				src = q.br // bytes read ahead are still in it (unread)
-			}
-			if _, err := io.ReadFull(src, dst[k:]); err != nil {
+			if _, err := io.ReadFull(rs.reader(q), dst[k:]); err != nil {
 				return err
 			}
 		}
@@ -400,34 +388,17 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 		case h.to != r.sinkTO+uint64(r.got) || uint64(n) > uint64(r.size-r.got) || (h.last() && r.got+uint32(n) != r.size):
 			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, DDPCodeTBaseBounds, fmt.Errorf("iwarp: Read Response [%d,+%d) does not continue [%d,+%d) at %d", h.to, n, r.sinkTO, r.size, r.got))
 		}
-		last, ran := h.last(), false
-		if !last && n >= directMin && rs.vr != nil && rs.vr.raw != nil && q.br.Buffered() == 0 && rs.pend.drained() && rs.specMiss != r.seq+1 {
-			// A large segment of a longer Response: read the ones
-			// that follow with it if they are where they should be.
-			placed, l, ok, err := q.readRespRun(rs, h, n, &r)
-			if err != nil {
-				q.mu.Lock()
-				q.orq.at(0).got += uint32(placed)
-				q.mu.Unlock()
+		if n > 0 {
+			if err := q.placeAccess(rs, h, n, verbs.AccessLocalWrite, "inbound Read Response sink"); err != nil {
 				return err
-			}
-			if ran = ok; ran {
-				n, last = placed, l
 			}
 		}
-		if !ran {
-			if n > 0 {
-				if err := q.placeAccess(rs, h, n, verbs.AccessLocalWrite, "inbound Read Response sink"); err != nil {
-					return err
-				}
-			}
-			if err := q.readTrailer(rs); err != nil {
-				return err
-			}
+		if err := q.readTrailer(rs); err != nil {
+			return err
 		}
 		q.mu.Lock()
 		q.orq.at(0).got += uint32(n)
-		if last {
+		if h.last() {
 			q.orq.pop()
 			q.reads--
 			// An ORD credit is free: wake the tx goroutine only if
@@ -440,7 +411,7 @@ func (q *QP) rxTagged(rs *rxState, h *ddpHeader, n int) error {
 			}
 		}
 		q.mu.Unlock()
-		if last {
+		if h.last() {
 			q.completeSend(r.seq, verbs.StatusSuccess, r.size)
 			rs.yield = true
 		}
