@@ -17,7 +17,7 @@ import (
 	"github.com/rdmafs/rdmafs/verbs"
 )
 
-// Tests of the receive side's socket path against its buffered one, with
+// Tests of the receive side's socket path against reads from memory, with
 // large Read Responses: a receive path without a peer reads a hand-made
 // stream once from a loopback socket on which the whole stream has
 // arrived before it starts (direct reads, readv counted), once from
