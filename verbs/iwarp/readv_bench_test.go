@@ -11,7 +11,7 @@ import (
 // one at a time between two queue pairs on loopback: about one per FPDU
 // (64 KiB). Speculative runs of several FPDUs per readv took Reads to 6-10
 // per MiB but saved no time or CPU over raw readv calls (they were
-// dropped; see spec_test.go).
+// dropped; see rxsocket_test.go).
 //
 //	go test -run '^$' -bench ReadvPerMiB ./verbs/iwarp
 func BenchmarkReadvPerMiB(b *testing.B) {

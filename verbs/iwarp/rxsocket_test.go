@@ -21,20 +21,21 @@ import (
 // large Read Responses: a receive path without a peer reads a hand-made
 // stream once from a loopback socket on which the whole stream has
 // arrived before it starts (direct reads, readv counted), once from
-// memory (no socket: io.ReadFull, no readv). Both must end alike. They were written for
-// speculative Read Response runs (several predicted FPDUs per readv,
-// commit "iwarp: read a Read Response's predicted FPDUs with one readv"
-// on branch mreadv), which were dropped: with the raw system calls of
-// readv.go they saved no time or CPU (see BenchmarkReadvPerMiB). Any
-// later change of the socket path must pass them too.
+// memory (no socket: io.ReadFull, no readv). Both must end alike.
+//
+// They were written for speculative Read Response runs (several
+// predicted FPDUs per readv, commit 81fb9b8), which were dropped: with
+// the raw system calls of readv.go they saved no time or CPU (see
+// BenchmarkReadvPerMiB). Any later change of the socket path must pass
+// them too.
 
-// specStream builds a test stream of FPDUs, with CRCs if crc is set.
-type specStream struct {
+// fpduStream builds a test stream of FPDUs, with CRCs if crc is set.
+type fpduStream struct {
 	b   []byte
 	crc bool
 }
 
-func (s *specStream) frame(ulpdu []byte) {
+func (s *fpduStream) frame(ulpdu []byte) {
 	start := len(s.b)
 	s.b = binary.BigEndian.AppendUint16(s.b, uint16(len(ulpdu)))
 	s.b = append(s.b, ulpdu...)
@@ -47,23 +48,23 @@ func (s *specStream) frame(ulpdu []byte) {
 	s.b = binary.LittleEndian.AppendUint32(s.b, c)
 }
 
-func (s *specStream) tagged(op byte, last bool, stag uint32, to uint64, payload []byte) {
+func (s *fpduStream) tagged(op byte, last bool, stag uint32, to uint64, payload []byte) {
 	var h [taggedHdrLen]byte
 	putTagged(h[:], last, op, stag, to)
 	s.frame(append(h[:], payload...))
 }
 
-func (s *specStream) send(msn uint32, payload []byte) {
+func (s *fpduStream) send(msn uint32, payload []byte) {
 	var h [untaggedHdrLen]byte
 	putUntagged(h[:], true, opSend, 0, qnSend, msn, 0)
 	s.frame(append(h[:], payload...))
 }
 
-// specEnv holds the regions a test stream targets: sink, the sink of
+// rxEnv holds the regions a test stream targets: sink, the sink of
 // RDMA Reads of the given sizes laid out one after the other from
-// specGuard, with guard bytes around; and win, a region the peer may
+// rxGuard, with guard bytes around; and win, a region the peer may
 // write (STag win.STag()).
-type specEnv struct {
+type rxEnv struct {
 	pd    *verbs.ProtectionDomain
 	sink  *verbs.MemoryRegion
 	win   *verbs.MemoryRegion
@@ -71,30 +72,30 @@ type specEnv struct {
 	total int
 }
 
-const specGuard = 4096
+const rxGuard = 4096
 
-func newSpecEnv(t testing.TB, reads ...uint32) *specEnv {
+func newRxEnv(t testing.TB, reads ...uint32) *rxEnv {
 	t.Helper()
-	e := &specEnv{pd: verbs.NewProtectionDomain(), reads: reads}
+	e := &rxEnv{pd: verbs.NewProtectionDomain(), reads: reads}
 	for _, r := range reads {
 		e.total += int(r)
 	}
-	e.sink = reg(t, e.pd, make([]byte, specGuard+e.total+specGuard), verbs.AccessLocalWrite)
+	e.sink = reg(t, e.pd, make([]byte, rxGuard+e.total+rxGuard), verbs.AccessLocalWrite)
 	e.win = reg(t, e.pd, make([]byte, 64<<10), verbs.AccessRemoteWrite)
 	return e
 }
 
 // sinkTO is the sink offset of Read i.
-func (e *specEnv) sinkTO(i int) uint64 {
-	o := uint64(specGuard)
+func (e *rxEnv) sinkTO(i int) uint64 {
+	o := uint64(rxGuard)
 	for _, r := range e.reads[:i] {
 		o += uint64(r)
 	}
 	return o
 }
 
-// specOutcome is what a receive path did with a stream.
-type specOutcome struct {
+// rxOutcome is what a receive path did with a stream.
+type rxOutcome struct {
 	fault    *Terminate // nil: the stream ended without a protocol fault
 	err      error
 	sends    []verbs.Completion // send queue: the Reads' completions
@@ -115,7 +116,7 @@ func (c *byteConn) Read(b []byte) (int, error)      { return c.r.Read(b) }
 func (c *byteConn) SetReadDeadline(time.Time) error { return nil }
 
 // run receives stream with fresh receive state, from a socket if sock.
-func (e *specEnv) run(t testing.TB, stream []byte, crc, sock bool) specOutcome {
+func (e *rxEnv) run(t testing.TB, stream []byte, crc, sock bool) rxOutcome {
 	t.Helper()
 	fillGuard(e.sink.Bytes())
 	q := &QP{pd: e.pd, crc: crc, ird: 1, scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
@@ -138,7 +139,7 @@ func (e *specEnv) run(t testing.TB, stream []byte, crc, sock bool) specOutcome {
 	rs := &rxState{sendMSN: 1, readMSN: 1, vr: newVecReader(q.conn), bigReader: true, direct: true}
 	calls := readvCalls.Load()
 	err := q.receive(rs)
-	var o specOutcome
+	var o rxOutcome
 	o.readv = readvCalls.Load() - calls
 	var f *rxFault
 	if errors.As(err, &f) {
@@ -214,7 +215,7 @@ func queuedConn(t testing.TB, stream []byte) net.Conn {
 // run: same fault, completions, Send data, bytes of
 // the Reads that completed and of the outstanding Read's placed prefix,
 // and no byte outside the Reads' sink ranges.
-func (e *specEnv) compare(t testing.TB, sock, mem specOutcome) {
+func (e *rxEnv) compare(t testing.TB, sock, mem rxOutcome) {
 	t.Helper()
 	switch {
 	case (sock.fault == nil) != (mem.fault == nil):
@@ -233,12 +234,12 @@ func (e *specEnv) compare(t testing.TB, sock, mem specOutcome) {
 	// not count the FPDU before it; either count is right.
 	done := len(mem.sends)
 	end := e.sinkTO(done) + uint64(min(sock.got, mem.got))
-	if !bytes.Equal(sock.sink[specGuard:end], mem.sink[specGuard:end]) {
-		t.Fatalf("socket: sink bytes [%d, %d) differ", specGuard, end)
+	if !bytes.Equal(sock.sink[rxGuard:end], mem.sink[rxGuard:end]) {
+		t.Fatalf("socket: sink bytes [%d, %d) differ", rxGuard, end)
 	}
-	for _, o := range []specOutcome{sock, mem} {
+	for _, o := range []rxOutcome{sock, mem} {
 		for i, b := range o.sink {
-			if (i < specGuard || i >= specGuard+e.total) && b != guardByte {
+			if (i < rxGuard || i >= rxGuard+e.total) && b != guardByte {
 				t.Fatalf("sink byte %d outside the Reads' ranges written", i)
 			}
 		}
@@ -259,7 +260,7 @@ func sameCompletions(a, b []verbs.Completion) bool {
 
 // respond appends Read i's Response cut into segments of the given
 // payload sizes (the last segment takes the rest).
-func (e *specEnv) respond(s *specStream, i int, data []byte, sizes ...int) {
+func (e *rxEnv) respond(s *fpduStream, i int, data []byte, sizes ...int) {
 	off := 0
 	for k := 0; off < len(data); k++ {
 		n := len(data) - off
@@ -279,9 +280,9 @@ func repeatSize(n, k int) []int {
 	return s
 }
 
-// TestSpecReadResponse runs layouts the socket path must parse as the
+// TestSocketReadResponse runs layouts the socket path must parse as the
 // memory one does, with at most one readv per FPDU when all has arrived.
-func TestSpecReadResponse(t *testing.T) {
+func TestSocketReadResponse(t *testing.T) {
 	const seg = 16 << 10 // directMin: the smallest segment read directly
 	const size = 8 * seg
 	data := randBytes(size, 7)
@@ -289,29 +290,29 @@ func TestSpecReadResponse(t *testing.T) {
 	tests := []struct {
 		name     string
 		crc      bool
-		build    func(e *specEnv, s *specStream)
+		build    func(e *rxEnv, s *fpduStream)
 		maxReadv uint64 // 0: not checked
 	}{
-		{"predicted", false, func(e *specEnv, s *specStream) {
+		{"predicted", false, func(e *rxEnv, s *fpduStream) {
 			e.respond(s, 0, data, repeatSize(seg, 8)...)
 		}, 10},
-		{"predicted with CRC", true, func(e *specEnv, s *specStream) {
+		{"predicted with CRC", true, func(e *rxEnv, s *fpduStream) {
 			e.respond(s, 0, data, repeatSize(seg, 8)...)
 		}, 10},
-		{"two Reads", false, func(e *specEnv, s *specStream) {
+		{"two Reads", false, func(e *rxEnv, s *fpduStream) {
 			e.respond(s, 0, data, repeatSize(seg, 8)...)
 			e.respond(s, 1, data2, repeatSize(seg, 8)...)
 		}, 18},
-		{"smaller than predicted", false, func(e *specEnv, s *specStream) {
+		{"smaller than predicted", false, func(e *rxEnv, s *fpduStream) {
 			e.respond(s, 0, data, seg, seg, 5000, 11000, 1460, seg)
 		}, 0},
-		{"larger than predicted", false, func(e *specEnv, s *specStream) {
+		{"larger than predicted", false, func(e *rxEnv, s *fpduStream) {
 			e.respond(s, 0, data, seg, 2*seg, 3*seg)
 		}, 0},
-		{"siw-sized after a large one", true, func(e *specEnv, s *specStream) {
+		{"siw-sized after a large one", true, func(e *rxEnv, s *fpduStream) {
 			e.respond(s, 0, data, append([]int{seg}, repeatSize(1460-2-4-taggedHdrLen, 200)...)...)
 		}, 0},
-		{"Send interleaved", false, func(e *specEnv, s *specStream) {
+		{"Send interleaved", false, func(e *rxEnv, s *fpduStream) {
 			s.tagged(opReadResp, false, e.sink.STag(), e.sinkTO(0), data[:seg])
 			s.tagged(opReadResp, false, e.sink.STag(), e.sinkTO(0)+seg, data[seg:2*seg])
 			s.send(1, []byte("interleaved"))
@@ -319,14 +320,14 @@ func TestSpecReadResponse(t *testing.T) {
 				s.tagged(opReadResp, off+seg == size, e.sink.STag(), e.sinkTO(0)+uint64(off), data[off:off+seg])
 			}
 		}, 0},
-		{"Write interleaved", false, func(e *specEnv, s *specStream) {
+		{"Write interleaved", false, func(e *rxEnv, s *fpduStream) {
 			s.tagged(opReadResp, false, e.sink.STag(), e.sinkTO(0), data[:seg])
 			s.tagged(opWrite, true, e.win.STag(), 100, data[:seg])
 			for off := seg; off < size; off += seg {
 				s.tagged(opReadResp, off+seg == size, e.sink.STag(), e.sinkTO(0)+uint64(off), data[off:off+seg])
 			}
 		}, 0},
-		{"wrong STag", false, func(e *specEnv, s *specStream) {
+		{"wrong STag", false, func(e *rxEnv, s *fpduStream) {
 			for off := 0; off < size; off += seg {
 				stag := e.sink.STag()
 				if off == 3*seg {
@@ -335,7 +336,7 @@ func TestSpecReadResponse(t *testing.T) {
 				s.tagged(opReadResp, off+seg == size, stag, e.sinkTO(0)+uint64(off), data[off:off+seg])
 			}
 		}, 0},
-		{"wrong TO", false, func(e *specEnv, s *specStream) {
+		{"wrong TO", false, func(e *rxEnv, s *fpduStream) {
 			for off := 0; off < size; off += seg {
 				to := e.sinkTO(0) + uint64(off)
 				if off == 2*seg {
@@ -344,24 +345,24 @@ func TestSpecReadResponse(t *testing.T) {
 				s.tagged(opReadResp, off+seg == size, e.sink.STag(), to, data[off:off+seg])
 			}
 		}, 0},
-		{"Last too early", false, func(e *specEnv, s *specStream) {
+		{"Last too early", false, func(e *rxEnv, s *fpduStream) {
 			for off := 0; off < 4*seg; off += seg {
 				s.tagged(opReadResp, off == 3*seg, e.sink.STag(), e.sinkTO(0)+uint64(off), data[off:off+seg])
 			}
 		}, 0},
-		{"bad CRC in a predicted FPDU", true, func(e *specEnv, s *specStream) {
+		{"bad CRC in a predicted FPDU", true, func(e *rxEnv, s *fpduStream) {
 			e.respond(s, 0, data, repeatSize(seg, 8)...)
 			s.b[3*(2+taggedHdrLen+seg+4)+100] ^= 1 // a payload byte of the fourth FPDU
 		}, 0},
-		{"stream ends in a predicted FPDU", false, func(e *specEnv, s *specStream) {
+		{"stream ends in a predicted FPDU", false, func(e *rxEnv, s *fpduStream) {
 			e.respond(s, 0, data, repeatSize(seg, 8)...)
 			s.b = s.b[:3*(2+taggedHdrLen+seg+4)+500]
 		}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newSpecEnv(t, size, size)
-			s := &specStream{crc: tt.crc}
+			e := newRxEnv(t, size, size)
+			s := &fpduStream{crc: tt.crc}
 			tt.build(e, s)
 			sock := e.run(t, s.b, tt.crc, true)
 			mem := e.run(t, s.b, tt.crc, false)
@@ -374,16 +375,16 @@ func TestSpecReadResponse(t *testing.T) {
 	}
 }
 
-// TestSpecInvalidate invalidates the sink while the receiver waits for
+// TestSocketInvalidate invalidates the sink while the receiver waits for
 // the rest of the third FPDU of a Read Response: the invalidation stops
 // the read (RFC 8166 s8.1.3), the receiver faults with an invalid STag,
 // and no byte lands after the invalidation returns.
-func TestSpecInvalidate(t *testing.T) {
+func TestSocketInvalidate(t *testing.T) {
 	const seg = 16 << 10
 	ctx := testCtx(t)
-	e := newSpecEnv(t, 8*seg)
+	e := newRxEnv(t, 8*seg)
 	data := bytes.Repeat([]byte{0x77}, 8*seg)
-	s := &specStream{}
+	s := &fpduStream{}
 	e.respond(s, 0, data, repeatSize(seg, 8)...)
 	const early = 2*(2+taggedHdrLen+seg+4) + 2 + taggedHdrLen + 1000 // 1000 bytes into the third payload
 	fillGuard(e.sink.Bytes())
@@ -439,18 +440,18 @@ func TestSpecInvalidate(t *testing.T) {
 		t.Fatal("sink bytes changed after the invalidation returned")
 	}
 	for i, b := range snap {
-		inPlaced := i >= specGuard && i < specGuard+2*seg+1000
+		inPlaced := i >= rxGuard && i < rxGuard+2*seg+1000
 		if inPlaced != (b == 0x77) {
 			t.Fatalf("sink byte %d is %#x: only the %d bytes received may land", i, b, 2*seg+1000)
 		}
 	}
 }
 
-// FuzzSpecReadResponse builds streams of Read Response segments of mixed
+// FuzzSocketReadResponse builds streams of Read Response segments of mixed
 // sizes, with Sends and Writes between them and wrong STags, offsets and
 // Last flags, and checks that the socket path ends as the memory one
-// does (TestSpecReadResponse's compare).
-func FuzzSpecReadResponse(f *testing.F) {
+// does (TestSocketReadResponse's compare).
+func FuzzSocketReadResponse(f *testing.F) {
 	f.Add(false, []byte{0, 0, 0, 0, 0, 0, 0, 0, 0})
 	f.Add(true, []byte{0, 0, 3, 0, 5, 0, 0, 7, 0, 0})
 	f.Add(false, []byte{0, 0, 6, 0, 0, 0, 0x0e, 0, 0, 0x16, 0})
@@ -458,8 +459,8 @@ func FuzzSpecReadResponse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, crc bool, ops []byte) {
 		const seg = 16 << 10
 		sizes := [...]int{seg, seg, seg, 5000, 1, 2 * seg, 0, 1460 - 2 - 4 - taggedHdrLen}
-		e := newSpecEnv(t, 6*seg, 3*seg)
-		s := &specStream{crc: crc}
+		e := newRxEnv(t, 6*seg, 3*seg)
+		s := &fpduStream{crc: crc}
 		read, off, msn := 0, 0, uint32(1)
 		mutate := byte(0)
 		for i, op := range ops {
@@ -502,10 +503,10 @@ func FuzzSpecReadResponse(f *testing.F) {
 	})
 }
 
-// TestSpecReadEndToEnd reads regions of several sizes between two queue
+// TestReadResponseEndToEnd reads regions of several sizes between two queue
 // pairs, with and without CRCs and with several segment sizes (large
 // segments, remainders, pipelined Reads), and checks every byte.
-func TestSpecReadEndToEnd(t *testing.T) {
+func TestReadResponseEndToEnd(t *testing.T) {
 	for _, crc := range []bool{false, true} {
 		for _, segment := range []int{0, 16<<10 + taggedHdrLen, 20000} {
 			t.Run(fmt.Sprintf("crc=%v segment=%d", crc, segment), func(t *testing.T) {
