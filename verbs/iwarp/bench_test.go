@@ -130,11 +130,13 @@ func BenchmarkSendRecv64Handler(b *testing.B) {
 	}
 }
 
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(b *testing.B) (client, server net.Conn) {
+// tcpPair returns both ends of a loopback TCP connection, closed when
+// the test or benchmark ends.
+func tcpPair(tb testing.TB) (client, server net.Conn) {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer ln.Close()
 	ch := make(chan net.Conn, 1)
@@ -144,13 +146,13 @@ func tcpPair(b *testing.B) (client, server net.Conn) {
 	}()
 	client, err = net.Dial("tcp", ln.Addr().String())
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	server = <-ch
-	b.Cleanup(func() {
-		client.Close()
-		server.Close()
-	})
+	tb.Cleanup(func() { client.Close() })
+	if server = <-ch; server == nil {
+		tb.Fatal("loopback accept failed")
+	}
+	tb.Cleanup(func() { server.Close() })
 	return client, server
 }
 

@@ -92,21 +92,32 @@ func (v *vecReader) read(fd uintptr) bool {
 			cnt++
 		}
 	}
+	readvCalls.Add(1)
+	n, e := rawIO(unix.SYS_READV, fd, unsafe.Pointer(&v.iov[0]), cnt)
+	switch {
+	case e == unix.EAGAIN:
+		return false
+	case e != 0:
+		v.err = errors.Join(io.ErrUnexpectedEOF, e)
+	default:
+		v.n = n
+	}
+	v.iov = [3]unix.Iovec{}
+	return true
+}
+
+// rawIO makes one non-blocking socket call (read, readv or writev: trap)
+// on fd with a buffer or iovec array p of n bytes or entries, as a raw
+// system call (see rawReader), again if a signal interrupts it. It
+// returns the bytes moved, or the error: EAGAIN when the socket has no
+// data or no room (the caller's RawConn callback then returns false and
+// the runtime's poller waits).
+func rawIO(trap, fd uintptr, p unsafe.Pointer, n int) (int, unix.Errno) {
 	for {
-		readvCalls.Add(1)
-		r, _, e := unix.RawSyscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&v.iov[0])), uintptr(cnt))
-		switch {
-		case e == unix.EINTR:
-			continue
-		case e == unix.EAGAIN:
-			return false
-		case e != 0:
-			v.err = errors.Join(io.ErrUnexpectedEOF, e)
-		default:
-			v.n = int(r)
+		r, _, e := unix.RawSyscall(trap, fd, uintptr(p), uintptr(n))
+		if e != unix.EINTR {
+			return int(r), e
 		}
-		v.iov = [3]unix.Iovec{}
-		return true
 	}
 }
 
@@ -167,18 +178,14 @@ func (r *rawReader) Read(p []byte) (int, error) {
 
 // read is the RawConn callback: one read, false to wait for data.
 func (r *rawReader) read(fd uintptr) bool {
-	for {
-		n, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&r.buf[0])), uintptr(len(r.buf)))
-		switch {
-		case e == unix.EINTR:
-			continue
-		case e == unix.EAGAIN:
-			return false
-		case e != 0:
-			r.err = os.NewSyscallError("read", e)
-		default:
-			r.n = int(n)
-		}
-		return true
+	n, e := rawIO(unix.SYS_READ, fd, unsafe.Pointer(&r.buf[0]), len(r.buf))
+	switch {
+	case e == unix.EAGAIN:
+		return false
+	case e != 0:
+		r.err = os.NewSyscallError("read", e)
+	default:
+		r.n = n
 	}
+	return true
 }

@@ -176,21 +176,7 @@ func drainCQ(t testing.TB, cq *verbs.SoftCQ) []verbs.Completion {
 // which all of stream has arrived, followed by the end of the stream.
 func queuedConn(t testing.TB, stream []byte) net.Conn {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	wr, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { wr.Close() })
-	rd, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rd.Close() })
+	wr, rd := tcpPair(t)
 	_ = rd.(*net.TCPConn).SetReadBuffer(4 << 20)
 	go func() {
 		_, _ = wr.Write(stream)
@@ -394,21 +380,7 @@ func TestSocketInvalidate(t *testing.T) {
 	q.sq.push(sqEntry{wr: verbs.SendWR{WRID: 1, Opcode: verbs.OpRDMARead}})
 	q.orq.push(readCtx{sinkSTag: e.sink.STag(), sinkTO: e.sinkTO(0), size: 8 * seg})
 	q.sqNextSeq, q.reads, q.ord = 1, 1, 1
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	wr, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wr.Close()
-	rd, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
+	wr, rd := tcpPair(t)
 	q.conn, q.br = rd, bufio.NewReaderSize(rd, readerSize)
 	if _, err := wr.Write(s.b[:early]); err != nil {
 		t.Fatal(err)

@@ -227,18 +227,14 @@ func (w *fpduWriter) writev(fd uintptr) bool {
 	if cnt == 0 {
 		return true
 	}
-	for {
-		r, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(cnt))
-		switch {
-		case e == unix.EINTR:
-			continue
-		case e == unix.EAGAIN:
-		case e != 0:
-			w.we = e
-		default:
-			w.wn = int(r)
-		}
-		clear(w.iov[:cnt])
-		return true
+	n, e := rawIO(unix.SYS_WRITEV, fd, unsafe.Pointer(&w.iov[0]), cnt)
+	switch {
+	case e == unix.EAGAIN:
+	case e != 0:
+		w.we = e
+	default:
+		w.wn = n
 	}
+	clear(w.iov[:cnt])
+	return true
 }
