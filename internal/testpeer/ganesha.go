@@ -25,8 +25,10 @@ type Ganesha struct {
 
 	bin, conf, logFile, outFile string
 
-	mu       sync.Mutex // guards cmd, exited and started, replaced by Restart
-	started  time.Time  // when the running process was started
+	mu sync.Mutex // guards cmd, exited and ready, replaced by Restart
+	// ready is when the running process first answered: its epoch (its
+	// start second, taken during its start-up) is at or before it.
+	ready    time.Time
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	stopOnce sync.Once
@@ -218,7 +220,7 @@ func (g *Ganesha) launch() error {
 		close(exited)
 	}()
 	g.mu.Lock()
-	g.cmd, g.exited, g.started = cmd, exited, time.Now()
+	g.cmd, g.exited, g.ready = cmd, exited, time.Time{}
 	g.mu.Unlock()
 	return nil
 }
@@ -236,6 +238,9 @@ func (g *Ganesha) waitReady(ctx context.Context, deadline time.Time) error {
 	if err := NullCall(pctx, g.Addr); err != nil {
 		return fmt.Errorf("NFS NULL call: %w", err)
 	}
+	g.mu.Lock()
+	g.ready = time.Now()
+	g.mu.Unlock()
 	return nil
 }
 
@@ -256,9 +261,12 @@ func (g *Ganesha) Restart(ctx context.Context) error {
 	}
 	// Ganesha's epoch, part of its client IDs and stateids and its write
 	// verifier, is its start time in seconds: a process started in the
-	// same second as the last one would look like the same instance.
+	// same second as the last one would look like the same instance. The
+	// last one took its epoch during its start-up, which on a loaded
+	// machine can end in the second after the one it was launched in:
+	// wait for the second after it first answered.
 	g.mu.Lock()
-	next := g.started.Truncate(time.Second).Add(time.Second)
+	next := g.ready.Truncate(time.Second).Add(time.Second)
 	g.mu.Unlock()
 	select {
 	case <-time.After(time.Until(next)):
