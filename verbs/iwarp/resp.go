@@ -112,14 +112,9 @@ func (q *QP) serveRead(rr readRequest) error {
 	// sends one with a dummy STag as ready-to-receive in peer-to-peer
 	// mode).
 	if rr.size == 0 {
-		var hb [taggedHdrLen]byte
-		putTagged(hb[:], true, opReadResp, rr.sinkSTag, rr.sinkTO)
 		q.w.mu.Lock()
 		defer q.w.mu.Unlock()
-		// Under the writer's lock: a request after rr, answered
-		// inline, cannot go first.
-		q.irqCount.Add(-1)
-		return q.w.writeLocked(hb[:], nil)
+		return q.writeZeroRespLocked(&rr)
 	}
 	// The region stays busy until the response is out: an invalidation
 	// waits for it, and stops it if the peer does not take it
@@ -338,6 +333,18 @@ func (q *QP) addZeroRespLocked(rr *readRequest) {
 	_ = q.w.addLocked(hb[:], nil) // the batch is empty: no write
 }
 
+// writeZeroRespLocked writes the response to a zero-length Read after
+// what the writer holds, with blocking writes. The caller holds the
+// writer's lock, so a request after rr, answered inline, cannot go
+// first.
+func (q *QP) writeZeroRespLocked(rr *readRequest) error {
+	if err := q.w.startLocked(); err != nil {
+		return err
+	}
+	q.addZeroRespLocked(rr)
+	return q.w.flushLocked()
+}
+
 // A Read Request often arrives while the Send that asked for it is still
 // being posted: the peer answered before the poster's write returned (or
 // before the poster's thread ran again). Rather than waking the
@@ -467,13 +474,7 @@ func (q *QP) resumeInline() error {
 	}
 	if r.active && r.rr.size == 0 {
 		// A parked zero-length Read (answerParkedLocked).
-		if err := q.w.startLocked(); err != nil {
-			q.endInlineLocked()
-			q.w.mu.Unlock()
-			return err
-		}
-		q.addZeroRespLocked(&r.rr)
-		err := q.w.flushLocked()
+		err := q.writeZeroRespLocked(&r.rr)
 		q.endInlineLocked()
 		q.w.mu.Unlock()
 		return err
