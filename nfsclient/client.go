@@ -106,7 +106,8 @@ type Client struct {
 	stats     Stats
 	credCache sync.Map // credKey -> oncrpc.Credential
 
-	stop      chan struct{}
+	closing   context.Context // done once Close has begun
+	stop      context.CancelFunc
 	renewDone chan struct{}
 	closeOnce sync.Once
 }
@@ -133,10 +134,10 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		cfg:       cfg,
 		rpc:       oncrpc.NewClient(cfg.Transport, nfsProgram, nfsVersion, cfg.RPC),
 		tracer:    cfg.Tracer,
-		stop:      make(chan struct{}),
 		renewDone: make(chan struct{}),
 		opens:     make(map[[12]byte]*OpenFile),
 	}
+	c.closing, c.stop = context.WithCancel(context.Background())
 	c.stats.init()
 	rand.Read(c.verifier[:])
 	// One client owner per Client: two mounts of one server from this
@@ -243,7 +244,7 @@ func (c *Client) ServerImpl() string { return c.serverImpl }
 func (c *Client) Close(ctx context.Context) error {
 	var err error
 	c.closeOnce.Do(func() {
-		close(c.stop)
+		c.stop()
 		if c.lease > 0 {
 			<-c.renewDone
 		}

@@ -323,14 +323,22 @@ func (c *Client) renewLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-c.stop:
+		case <-c.closing.Done():
 			return
 		case <-t.C:
+		}
+		// A tick and Close can both be ready after a long renewal against
+		// a server that is gone: select picks either, so look again, or
+		// Close could wait through renewal after renewal.
+		if c.closing.Err() != nil {
+			return
 		}
 		if time.Since(time.Unix(0, c.lastRenew.Load())) < period {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), c.lease)
+		// Close ends a renewal in flight rather than wait up to a lease
+		// for it.
+		ctx, cancel := context.WithTimeout(c.closing, c.lease)
 		err := c.do(ctx, c.sysCred, func(*compound) {}, func(*results) error { return nil })
 		cancel()
 		c.trace("lease renewal: %v", err)

@@ -302,6 +302,27 @@ func (g *Ganesha) stop(removeRunDir bool) error {
 	return err
 }
 
+// Pause stops ganesha.nfsd (SIGSTOP) without closing its connections:
+// to its clients the server has gone silent, as a hung or partitioned
+// server does. Resume undoes it.
+func (g *Ganesha) Pause() error { return g.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused ganesha.nfsd (SIGCONT).
+func (g *Ganesha) Resume() error { return g.signal(syscall.SIGCONT) }
+
+func (g *Ganesha) signal(sig syscall.Signal) error {
+	g.mu.Lock()
+	cmd := g.cmd
+	g.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return errors.New("ganesha: no process of ours to signal")
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("ganesha: %v: %w", sig, err)
+	}
+	return nil
+}
+
 // kill stops the running ganesha.nfsd and waits for it to exit.
 func (g *Ganesha) kill() error {
 	g.mu.Lock()
@@ -313,6 +334,7 @@ func (g *Ganesha) kill() error {
 	// ganesha.nfsd is a single (multi-threaded) process; signal it through
 	// os.Process, which never signals a PID after it was reaped.
 	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGCONT) // if paused
 	select {
 	case <-exited:
 	case <-time.After(10 * time.Second):
