@@ -253,6 +253,14 @@ func (m *Mount) Wait() { m.Server.Wait() }
 // Unmount asks the kernel to unmount the file system.
 func (m *Mount) Unmount() error { return m.Server.Unmount() }
 
+// Abandon gives up on the server (nfsclient.Client.Abandon) and on the
+// write-back: FUSE requests waiting for the server fail at once, so that
+// Wait can return. Data still buffered is lost; Shutdown reports it.
+func (m *Mount) Abandon() {
+	m.FS.bgCancel()
+	m.FS.c.Abandon()
+}
+
 // Shutdown writes back what open files still buffer, CLOSEs their open
 // state and ends the client's session and client ID (RFC 8881 s18.37,
 // s18.50). Call it after Wait returned.

@@ -257,6 +257,15 @@ func (c *Client) Close(ctx context.Context) error {
 	return err
 }
 
+// Abandon gives up on the server: it closes the transport, so that calls
+// in flight and every later one fail at once (oncrpc.ErrClosed) however
+// hard the mount. Close still runs afterwards, to end the renewal and
+// release what is left; its DESTROY calls then fail at once too.
+func (c *Client) Abandon() {
+	c.stop()
+	c.cfg.Transport.Close()
+}
+
 // Cred returns the AUTH_SYS credential of a caller, cached so that each
 // call does not encode it again.
 func (c *Client) Cred(uid, gid uint32, groups []uint32) oncrpc.Credential {

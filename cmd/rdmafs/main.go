@@ -63,7 +63,11 @@ func newApp() *cli.App {
 as a FUSE file system; the process that serves the mount keeps the NFS
 session and answers "rdmafs stats". Unmounting (rdmafs umount, umount, or
 fusermount3 -u) writes back buffered data, closes open state, destroys
-the session and ends that process.
+the session and ends that process. SIGTERM or SIGINT to that process
+unmounts too; a second one, or one after the unmount, stops waiting for
+a server that does not answer (buffered data is then lost, and the
+process says so); the write-back after an unmount gives up by itself
+after a minute.
 
 Its fast transport is RPC-over-RDMA (RFC 8166, and the draft version 2),
 through a pure-Go iWARP provider that needs no RDMA hardware; plain TCP

@@ -449,7 +449,9 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 	// fails while files are busy). Once unmounted, buffered writes go to
 	// the server and the open state is closed, for at most
 	// shutdownTimeout: a hard mount would retry for ever against a server
-	// that is gone, so a signal then stops waiting for it.
+	// that is gone, so a signal then stops waiting for it. So does a
+	// signal while the unmount is under way: the unmount waits for the
+	// FUSE requests being served, which may wait for the server.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -457,21 +459,29 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 	defer scancel()
 	var unmounted atomic.Bool
 	go func() {
+		unmountDone := make(chan error, 1)
+		unmounting := false
 		for {
 			var sig os.Signal
 			select {
 			case <-sctx.Done():
 				return
+			case err := <-unmountDone:
+				if err != nil {
+					fmt.Fprintf(logw, "rdmafs: unmount %s: %v\n", o.Dir, err)
+				}
+				unmounting = false
+				continue
 			case sig = <-sigs:
 			}
-			if !unmounted.Load() {
-				if err := m.Unmount(); err != nil {
-					fmt.Fprintf(logw, "rdmafs: %v: unmount %s: %v\n", sig, o.Dir, err)
-				}
+			if !unmounted.Load() && !unmounting {
+				unmounting = true
+				go func() { unmountDone <- m.Unmount() }()
 				continue
 			}
 			fmt.Fprintf(logw, "rdmafs: %v while closing files: not waiting for the server any longer\n", sig)
 			scancel()
+			m.Abandon()
 			return
 		}
 	}()

@@ -112,3 +112,95 @@ func abortFUSE(t *testing.T, dev uint64) {
 		t.Fatalf("abort FUSE connection: %v", err)
 	}
 }
+
+// TestSIGTERMServerSilent is TestSIGTERMServerGone with a server that
+// stops answering (paused, its connections open) while an application
+// is in close(2): the FLUSH's write-back waits for the server, so the
+// FUSE request is still being served when the connection is aborted.
+// The first SIGTERM asks for the unmount; the second must end the wait
+// and the process, saying that data was not written.
+func TestSIGTERMServerSilent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g, err := testpeer.StartGanesha(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Stop() })
+	host, port := splitAddr(t, g.Addr)
+	p := peer{name: "ganesha", host: host, port: port, export: g.Export}
+	logFile := filepath.Join(t.TempDir(), "rdmafs.log")
+	mnt := mountWith(t, p, []string{"-v", "fuse,nfs", "--log", logFile})
+	pid := servingPIDOf(t, mnt)
+	d := testDir(t, mnt)
+
+	// A writer whose close(2) waits for the write-back.
+	writer := exec.Command("python3", "-c", `
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"x" * (256 << 10))
+print("written", flush=True)
+sys.stdin.read(1)
+try:
+    os.close(fd)
+except OSError as e:
+    print(e, flush=True)
+`, filepath.Join(d, "dirty"))
+	in, err := writer.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := writer.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Process.Kill()
+	buf := make([]byte, 16)
+	if n, err := out.Read(buf); err != nil || !strings.HasPrefix(string(buf[:n]), "written") {
+		t.Fatalf("writer: %q %v", buf[:n], err)
+	}
+	if err := g.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	in.Write([]byte("c"))
+	// Wait until the FLUSH's WRITE has gone out (the trace logs a
+	// COMPOUND when it completes, so look for the FUSE line before it).
+	for !strings.Contains(readFile(logFile), "fuse WRITE ino=") {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	abortFUSE(t, st.Dev)
+	for range 2 {
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Not a timing limit: the shutdown's own bound is a minute.
+	deadline := time.Now().Add(3 * time.Minute)
+	for !processGone(pid) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	log := readFile(logFile)
+	if !processGone(pid) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("rdmafs %d still running 3 minutes after two SIGTERMs; log:\n%s", pid, log)
+	}
+	t.Logf("log:\n%s", log)
+	if !strings.Contains(log, "not written") {
+		t.Errorf("log does not say that buffered data was not written:\n%s", log)
+	}
+	exec.Command("fusermount3", "-u", "-z", mnt).Run()
+}
+
+func readFile(name string) string {
+	b, _ := os.ReadFile(name)
+	return string(b)
+}
