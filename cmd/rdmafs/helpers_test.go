@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -277,4 +278,22 @@ func atoi(t *testing.T, s string) int {
 		t.Fatalf("not a number: %q", s)
 	}
 	return v
+}
+
+// startPiped starts cmd with a pipe to its standard input and one from
+// its standard output. The caller kills and waits for it.
+func startPiped(t *testing.T, cmd *exec.Cmd) (io.WriteCloser, io.ReadCloser) {
+	t.Helper()
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", cmd.Path, err)
+	}
+	return in, out
 }

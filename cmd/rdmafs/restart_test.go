@@ -139,17 +139,7 @@ func startApp(t *testing.T, path, src string, half int) *restartApp {
 	t.Helper()
 	cmd := exec.Command("python3", "-c", restartAppScript, path, src, strconv.Itoa(half))
 	cmd.Stderr = testWriter{t, "app"}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("python3: %v", err)
-	}
+	in, out := startPiped(t, cmd)
 	a := &restartApp{cmd: cmd, in: in, out: bufio.NewScanner(out)}
 	t.Cleanup(func() {
 		in.Close()

@@ -163,17 +163,7 @@ try:
 except OSError as e:
     print(e, flush=True)
 `, name)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, out := startPiped(t, cmd)
 	var waited sync.Once
 	wait := func() { waited.Do(func() { cmd.Wait() }) }
 	t.Cleanup(func() { cmd.Process.Kill(); wait() })
