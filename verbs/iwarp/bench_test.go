@@ -313,15 +313,7 @@ func pingPong(b *testing.B, handler bool) func() error {
 	if err := s.SetRecvHandler(func(wc verbs.Completion) { echo(wc) }); err != nil {
 		b.Fatal(err)
 	}
-	got := make(chan verbs.Completion, 1)
-	if err := c.SetRecvHandler(func(wc verbs.Completion) {
-		select {
-		case got <- wc:
-		default: // a flush after a failure: nobody waits
-		}
-	}); err != nil {
-		b.Fatal(err)
-	}
+	got := recvToChan(b, c, nil)
 	return func() error {
 		c.PostSend(verbs.SendWR{Opcode: verbs.OpSend, SGL: sgl})
 		select {
@@ -359,4 +351,23 @@ func BenchmarkRDMARead1MiBOneAtATime(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(s.respHandoffs.Load())/float64(b.N), "inline-rest/op")
+}
+
+// recvToChan sets a receive handler on qp that hands each completion to
+// the returned channel, for a caller waiting on one message at a time,
+// then calls after (if not nil) with it.
+func recvToChan(tb testing.TB, qp *QP, after func(verbs.Completion)) <-chan verbs.Completion {
+	got := make(chan verbs.Completion, 1)
+	if err := qp.SetRecvHandler(func(wc verbs.Completion) {
+		select {
+		case got <- wc:
+		default: // a flush after a failure: nobody waits
+		}
+		if after != nil {
+			after(wc)
+		}
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	return got
 }

@@ -150,18 +150,11 @@ func rdmaWriteExchange(b *testing.B, size int) (func() error, *QP) {
 	if err := c.PostRecv(crecv); err != nil {
 		b.Fatal(err)
 	}
-	got := make(chan verbs.Completion, 1)
-	if err := c.SetRecvHandler(func(wc verbs.Completion) {
-		select {
-		case got <- wc:
-		default: // a flush after a failure: nobody waits
-		}
+	got := recvToChan(b, c, func(wc verbs.Completion) {
 		if wc.Status == verbs.StatusSuccess {
 			_ = c.PostRecv(crecv)
 		}
-	}); err != nil {
-		b.Fatal(err)
-	}
+	})
 	call := verbs.SendWR{Opcode: verbs.OpSend, SGL: gather(b, c.PD(), make([]byte, exchCall))}
 	var wc [4]verbs.Completion
 	return func() error {
