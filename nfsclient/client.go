@@ -106,7 +106,7 @@ type Client struct {
 	stats     Stats
 	credCache sync.Map // credKey -> oncrpc.Credential
 
-	closing   context.Context // done once Close has begun
+	closing   context.Context // done once Close or Abandon has begun
 	stop      context.CancelFunc
 	renewDone chan struct{}
 	closeOnce sync.Once
