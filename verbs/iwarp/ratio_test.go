@@ -31,17 +31,17 @@ func usage() (time.Duration, int64) {
 // ratioCost is what alternate measured per operation: the wall time, CPU
 // time and voluntary context switches each spent in all.
 type ratioCost struct {
-	spent, cpu [2]time.Duration
-	csw        [2]int64
+	spent, cpu []time.Duration
+	csw        []int64
 	n          int // iterations (operations of each)
 }
 
-// alternate runs ops[0] (TCP) and ops[1] (the provider) alternately, one
-// of each per iteration and in turns which goes first. The operations
+// alternate runs ops (ops[0] TCP, ops[1] the provider, and any more)
+// in turns, one of each per iteration, rotating which goes first. The operations
 // are sequential, so the process's CPU time and context switches around
 // each are its cost (both ends of the connection).
-func alternate(b *testing.B, ops [2]func() error) ratioCost {
-	var rc ratioCost
+func alternate(b *testing.B, ops ...func() error) ratioCost {
+	rc := ratioCost{spent: make([]time.Duration, len(ops)), cpu: make([]time.Duration, len(ops)), csw: make([]int64, len(ops))}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		for k := range ops {
@@ -65,7 +65,7 @@ func alternate(b *testing.B, ops [2]func() error) ratioCost {
 // ratioLoop runs ops[0] (TCP) and ops[1] (the provider) alternately
 // (alternate) and reports the provider's time and CPU time over TCP's.
 func ratioLoop(b *testing.B, ops [2]func() error) {
-	rc := alternate(b, ops)
+	rc := alternate(b, ops[:]...)
 	b.ReportMetric(float64(rc.spent[1])/float64(rc.spent[0]), "time/tcp")
 	if rc.cpu[0] > 0 {
 		b.ReportMetric(float64(rc.cpu[1])/float64(rc.cpu[0]), "cpu/tcp")
