@@ -3,6 +3,7 @@
 package ibverbs_test
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
@@ -66,4 +67,27 @@ func TestGuestConformance(t *testing.T) {
 	caps := deviceCaps(p)
 	t.Logf("%v: %+v", p, caps)
 	verbstest.Run(t, verbstest.Target{Provider: p, ListenAddr: addr, Caps: caps})
+}
+
+// TestGuestWriteExchange measures the message pattern of an RPC-over-RDMA
+// WRITE of 1 MiB (verbstest.WriteExchange) over the device
+// RDMAFS_CONFORMANCE_DEV against TCP on the same address: the kernel's
+// own software RNICs against the kernel's TCP, where the pure-Go provider
+// has BenchmarkWriteExchange1MiB in verbs/iwarp. TestKnfsdGuestRxeSiw
+// runs it inside the knfsd guest and reports the figures.
+func TestGuestWriteExchange(t *testing.T) {
+	dev, addr := os.Getenv("RDMAFS_CONFORMANCE_DEV"), os.Getenv("RDMAFS_CONFORMANCE_ADDR")
+	if dev == "" || addr == "" {
+		t.Fatal("set RDMAFS_CONFORMANCE_DEV and RDMAFS_CONFORMANCE_ADDR; TestKnfsdGuestRxeSiw runs this inside the knfsd guest")
+	}
+	p, err := ibverbs.Open(dev)
+	if err != nil {
+		t.Fatalf("open %s: %v", dev, err)
+	}
+	defer p.Close()
+	r := verbstest.WriteExchange(t, verbstest.Target{Provider: p, ListenAddr: addr}, 1<<20, 5, 20)
+	if !(r.RDMAOverTCP > 0 && r.PullOverTCP > 0 && r.RDMAOverPull > 0) {
+		t.Fatalf("no figures: %v", r)
+	}
+	fmt.Printf("EXCHANGE %s 1MiB %v\n", dev, r)
 }

@@ -123,6 +123,13 @@ func TestKnfsdGuestRxeSiw(t *testing.T) {
 				t.Fatalf("conformance suite over %s failed: %v\n%s", dev, err, out)
 			}
 		})
+		t.Run(dev+"/exchange", func(t *testing.T) {
+			out, err := k.Exec(ctx, "RDMAFS_CONFORMANCE_DEV="+dev+" RDMAFS_CONFORMANCE_ADDR=10.0.2.15:0 /usr/local/bin/ibverbs.test -test.run '^TestGuestWriteExchange$' -test.timeout 10m")
+			if err != nil || !strings.Contains(out, "EXCHANGE") {
+				t.Fatalf("write exchange over %s: %v\n%s", dev, err, out)
+			}
+			t.Logf("the WRITE message pattern over the kernel's %s and TCP in the guest (throughput ratios):\n%s", dev, out)
+		})
 		t.Run(dev+"/knfsd", func(t *testing.T) {
 			workload(ctx, t, k, dev, "")
 		})

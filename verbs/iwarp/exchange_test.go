@@ -2,11 +2,10 @@ package iwarp
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/verbstest"
 )
 
 // The message exchange of an RPC-over-RDMA WRITE (an NFS WRITE of 1 MiB)
@@ -46,7 +45,7 @@ const (
 // message for each side to wake up for.
 //
 // A third exchange sends the provider's messages over plain TCP
-// (tcpPullExchange): the pull without a provider. Medians of 13 runs
+// (verbstest.TCPExchange): the pull without a provider. Medians of 13 runs
 // (2026-11-23, one process): pull/tcp 0.93 (the Read Request's round
 // trip alone costs 7% against TCP's push), rdma/pull 1.19 (the
 // provider moves the same messages faster than plain Go socket calls
@@ -57,7 +56,7 @@ const (
 func BenchmarkRatioWriteExchange1MiB(b *testing.B) {
 	const size = 1 << 20
 	rdma, req := rdmaWriteExchange(b, size)
-	rc := alternate(b, tcpWriteExchange(b, size), rdma, tcpPullExchange(b, size))
+	rc := alternate(b, verbstest.TCPExchange(b, "127.0.0.1", size, false), rdma, verbstest.TCPExchange(b, "127.0.0.1", size, true))
 	b.SetBytes(3 * size) // one exchange of each per iteration
 	b.ReportMetric(float64(rc.spent[0])/float64(rc.spent[1]), "rdma/tcp")
 	// The pull over plain TCP: its throughput over TCP's push is what
@@ -79,80 +78,6 @@ func BenchmarkRatioWriteExchange1MiB(b *testing.B) {
 	b.ReportMetric(float64(req.respQueued.Load())/float64(rc.n), "queued-resp/op")
 	// How often the poster of the call's Send answered it (parkRead).
 	b.ReportMetric(float64(req.respParked.Load())/float64(rc.n), "parked-resp/op")
-}
-
-// tcpWriteExchange returns one exchange of BenchmarkRatioWriteExchange1MiB
-// over TCP.
-func tcpWriteExchange(b *testing.B, size int) func() error {
-	c, s := tcpPair(b)
-	go func() {
-		in, out := make([]byte, exchCall+size), make([]byte, exchReply)
-		for {
-			if _, err := io.ReadFull(s, in); err != nil {
-				return
-			}
-			if _, err := s.Write(out); err != nil {
-				return
-			}
-		}
-	}()
-	hdr, data, reply := make([]byte, exchCall), randBytes(size, 1), make([]byte, exchReply)
-	return func() error {
-		bufs := net.Buffers{hdr, data}
-		if _, err := bufs.WriteTo(c); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(c, reply)
-		return err
-	}
-}
-
-// readRequestFPDU is the size of an RDMA Read Request on the wire: MPA
-// length, the untagged DDP/RDMAP header, the request and the CRC (RFC
-// 5044 s4, RFC 5040 s4.4).
-const readRequestFPDU = 2 + 18 + readReqLen + 4
-
-// tcpPullExchange returns one exchange of BenchmarkRatioWriteExchange1MiB
-// with the provider's messages sent over plain TCP: the requester writes
-// the call, the peer asks for the data with a Read Request's bytes, the
-// requester writes the data, the peer writes the reply. It is the floor
-// of the provider's exchange: what the pull costs over TCP's push
-// without any provider between.
-func tcpPullExchange(b *testing.B, size int) func() error {
-	c, s := tcpPair(b)
-	go func() {
-		call, data := make([]byte, exchCall), make([]byte, size)
-		rr, out := make([]byte, readRequestFPDU), make([]byte, exchReply)
-		for {
-			if _, err := io.ReadFull(s, call); err != nil {
-				return
-			}
-			if _, err := s.Write(rr); err != nil {
-				return
-			}
-			if _, err := io.ReadFull(s, data); err != nil {
-				return
-			}
-			if _, err := s.Write(out); err != nil {
-				return
-			}
-		}
-	}()
-	call, data := make([]byte, exchCall), randBytes(size, 1)
-	rr, reply := make([]byte, readRequestFPDU), make([]byte, exchReply)
-	return func() error {
-		if _, err := c.Write(call); err != nil {
-			return err
-		}
-		if _, err := io.ReadFull(c, rr); err != nil {
-			return err
-		}
-		if _, err := c.Write(data); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(c, reply)
-		return err
-	}
 }
 
 // rdmaWriteExchange returns one exchange of BenchmarkRatioWriteExchange1MiB

@@ -19,6 +19,10 @@
 //		verbstest.Run(t, verbstest.Target{Provider: &iwarp.Provider{}, ListenAddr: "127.0.0.1:0", Caps: verbstest.IWARPCaps})
 //	}
 //
+// WriteExchange is not a conformance test but a measurement: the message
+// pattern of an RPC-over-RDMA WRITE over a provider against TCP, which
+// the pure-Go provider and the kernel's siw and rxe run alike.
+//
 // All memory the suite registers is mapped outside the Go heap (whole
 // pages, written before registration), as a hardware provider requires.
 package verbstest
