@@ -48,14 +48,10 @@ func deviceCaps(p *ibverbs.Provider) verbstest.Caps {
 	return c
 }
 
-// TestGuestConformance runs the verbs conformance suite (package
-// verbstest, the same tests the pure-Go provider passes) against the
-// rdma-core provider on the device RDMAFS_CONFORMANCE_DEV, listening on
-// RDMAFS_CONFORMANCE_ADDR. TestKnfsdGuestRxeSiw runs it inside the knfsd
-// guest over siw0 and rxe0; on its own it fails, as there is no device to
-// test.
-func TestGuestConformance(t *testing.T) {
-	dev, addr := os.Getenv("RDMAFS_CONFORMANCE_DEV"), os.Getenv("RDMAFS_CONFORMANCE_ADDR")
+// guestDevice opens the device RDMAFS_CONFORMANCE_DEV, closed when the
+// test ends, and returns it, its name and RDMAFS_CONFORMANCE_ADDR.
+func guestDevice(t *testing.T) (p *ibverbs.Provider, dev, addr string) {
+	dev, addr = os.Getenv("RDMAFS_CONFORMANCE_DEV"), os.Getenv("RDMAFS_CONFORMANCE_ADDR")
 	if dev == "" || addr == "" {
 		t.Fatal("set RDMAFS_CONFORMANCE_DEV and RDMAFS_CONFORMANCE_ADDR; TestKnfsdGuestRxeSiw (make test-guest-rdma) runs this inside the knfsd guest")
 	}
@@ -63,7 +59,18 @@ func TestGuestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatalf("open %s: %v", dev, err)
 	}
-	defer p.Close()
+	t.Cleanup(func() { p.Close() })
+	return p, dev, addr
+}
+
+// TestGuestConformance runs the verbs conformance suite (package
+// verbstest, the same tests the pure-Go provider passes) against the
+// rdma-core provider on the device RDMAFS_CONFORMANCE_DEV, listening on
+// RDMAFS_CONFORMANCE_ADDR. TestKnfsdGuestRxeSiw runs it inside the knfsd
+// guest over siw0 and rxe0; on its own it fails, as there is no device to
+// test.
+func TestGuestConformance(t *testing.T) {
+	p, _, addr := guestDevice(t)
 	caps := deviceCaps(p)
 	t.Logf("%v: %+v", p, caps)
 	verbstest.Run(t, verbstest.Target{Provider: p, ListenAddr: addr, Caps: caps})
@@ -76,15 +83,7 @@ func TestGuestConformance(t *testing.T) {
 // has BenchmarkWriteExchange1MiB in verbs/iwarp. TestKnfsdGuestRxeSiw
 // runs it inside the knfsd guest and reports the figures.
 func TestGuestWriteExchange(t *testing.T) {
-	dev, addr := os.Getenv("RDMAFS_CONFORMANCE_DEV"), os.Getenv("RDMAFS_CONFORMANCE_ADDR")
-	if dev == "" || addr == "" {
-		t.Fatal("set RDMAFS_CONFORMANCE_DEV and RDMAFS_CONFORMANCE_ADDR; TestKnfsdGuestRxeSiw runs this inside the knfsd guest")
-	}
-	p, err := ibverbs.Open(dev)
-	if err != nil {
-		t.Fatalf("open %s: %v", dev, err)
-	}
-	defer p.Close()
+	p, dev, addr := guestDevice(t)
 	r := verbstest.WriteExchange(t, verbstest.Target{Provider: p, ListenAddr: addr}, 1<<20, 5, 20)
 	if !(r.RDMAOverTCP > 0 && r.PullOverTCP > 0 && r.RDMAOverPull > 0) {
 		t.Fatalf("no figures: %v", r)

@@ -100,34 +100,7 @@ func rdmaWriteExchange(b *testing.B, size int) (func() error, *QP) {
 	read := verbs.SendWR{WRID: 1, Opcode: verbs.OpRDMARead, SGL: []verbs.SGE{{MR: sink, Length: uint32(size)}},
 		Length: uint32(size), RemoteSTag: chunk.STag()}
 	sreply := verbs.SendWR{WRID: 2, Opcode: verbs.OpSend, SGL: gather(b, s.PD(), make([]byte, exchReply))}
-	go func() {
-		var wc [4]verbs.Completion
-		for {
-			if _, err := s.RecvCQ().Poll(ctx, wc[:1]); err != nil || wc[0].Status != verbs.StatusSuccess {
-				return
-			}
-			if s.PostRecv(srecv) != nil || s.PostSend(read) != nil {
-				return
-			}
-			// The reply's Send completion (earlier on the send
-			// queue) may come with the Read's.
-			for done := false; !done; {
-				n, err := s.SendCQ().Poll(ctx, wc[:])
-				if err != nil {
-					return
-				}
-				for _, w := range wc[:n] {
-					if w.Status != verbs.StatusSuccess {
-						return
-					}
-					done = done || w.WRID == read.WRID
-				}
-			}
-			if s.PostSend(sreply) != nil {
-				return
-			}
-		}
-	}()
+	go verbstest.ServeReadExchange(ctx, s, srecv, read, sreply)
 
 	// The requester: the receive handler wakes the caller, then posts
 	// the receive again (as rpcrdma's onRecv).

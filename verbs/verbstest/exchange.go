@@ -193,33 +193,7 @@ func rdmaExchange(t testing.TB, tg *Target, size int) func() error {
 	if err := c.PostRecv(recvC); err != nil {
 		t.Fatalf("post receive: %v", err)
 	}
-	go func() {
-		var wc [4]verbs.Completion
-		for {
-			if _, err := s.RecvCQ().Poll(ctx, wc[:1]); err != nil || wc[0].Status != verbs.StatusSuccess {
-				return
-			}
-			if s.PostRecv(recvS) != nil || s.PostSend(read) != nil {
-				return
-			}
-			// The last reply's Send completion may come with the Read's.
-			for done := false; !done; {
-				n, err := s.SendCQ().Poll(ctx, wc[:])
-				if err != nil {
-					return
-				}
-				for _, w := range wc[:n] {
-					if w.Status != verbs.StatusSuccess {
-						return
-					}
-					done = done || w.WRID == read.WRID
-				}
-			}
-			if s.PostSend(reply) != nil {
-				return
-			}
-		}
-	}()
+	go ServeReadExchange(ctx, s, recvS, read, reply)
 	var wc [4]verbs.Completion
 	return func() error {
 		if err := c.PostSend(call); err != nil {
@@ -241,5 +215,37 @@ func rdmaExchange(t testing.TB, tg *Target, size int) func() error {
 			}
 		}
 		return nil
+	}
+}
+
+// ServeReadExchange is the responder of a WRITE's exchange on s until ctx
+// ends or a work request fails: for every call it receives (recv, posted
+// again at once) it posts read, the RDMA Read of the call's data, and
+// once that completes Sends reply. s's completions are polled.
+func ServeReadExchange(ctx context.Context, s verbs.QueuePair, recv verbs.RecvWR, read, reply verbs.SendWR) {
+	var wc [4]verbs.Completion
+	for {
+		if _, err := s.RecvCQ().Poll(ctx, wc[:1]); err != nil || wc[0].Status != verbs.StatusSuccess {
+			return
+		}
+		if s.PostRecv(recv) != nil || s.PostSend(read) != nil {
+			return
+		}
+		// The last reply's Send completion may come with the Read's.
+		for done := false; !done; {
+			n, err := s.SendCQ().Poll(ctx, wc[:])
+			if err != nil {
+				return
+			}
+			for _, w := range wc[:n] {
+				if w.Status != verbs.StatusSuccess {
+					return
+				}
+				done = done || w.WRID == read.WRID
+			}
+		}
+		if s.PostSend(reply) != nil {
+			return
+		}
 	}
 }
