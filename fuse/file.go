@@ -29,14 +29,17 @@ type file struct {
 	cred   oncrpc.Credential // the opener's: I/O and CLOSE use it
 	access uint32
 
-	mu       sync.Mutex
-	w        *nfsclient.UnstableWriter
-	wb       writeBuffer // coalesced writes not yet handed to w
-	bufOff   uint64
-	dirty    bool  // written since the last COMMIT
-	sent     bool  // UNSTABLE WRITEs went out since the last COMMIT
-	werr     error // first write error, reported by flush and fsync
-	released bool
+	mu     sync.Mutex
+	w      *nfsclient.UnstableWriter
+	wb     writeBuffer // coalesced writes not yet handed to w
+	bufOff uint64
+	dirty  bool  // written since the last COMMIT
+	sent   bool  // UNSTABLE WRITEs went out since the last COMMIT
+	werr   error // first write error, reported by flush and fsync
+	// werrShown: flush or fsync returned werr to the application, so a
+	// release does not report it again.
+	werrShown bool
+	released  bool
 	// post is the file's attributes returned by the last WRITE of
 	// writeStable, nil after any other write.
 	post *nfsclient.Attr
@@ -505,6 +508,7 @@ func (h *file) Flush(ctx context.Context) syscall.Errno {
 	h.post = nil
 	err := h.syncLocked(ctx)
 	post := h.post
+	h.werrShown = h.werrShown || err != nil && err == h.werr
 	h.mu.Unlock()
 	if err != nil {
 		return h.n.errno("flush", err)
@@ -541,6 +545,7 @@ func (h *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.syncLocked(ctx); err != nil {
+		h.werrShown = h.werrShown || err == h.werr
 		return h.n.errno("fsync", err)
 	}
 	return 0
@@ -562,6 +567,11 @@ func (h *file) release(ctx context.Context) syscall.Errno {
 	h.n.fsys.startClose(h)
 	defer h.n.fsys.doneClose()
 	err := h.syncLocked(ctx)
+	if err != nil && err == h.werr && h.werrShown {
+		// Writes fail once werr is set, so nothing was buffered
+		// since the application was told at close(2) or fsync(2).
+		err = nil
+	}
 	h.n.removeWriter(h)
 	if rel := h.wb.release(); rel != nil {
 		rel() // data that could not be written (the error is err)
