@@ -21,7 +21,7 @@ func TestConformance(t *testing.T) {
 // software RNICs. The requester polls its completion queue here, where
 // BenchmarkRatioWriteExchange1MiB uses a receive handler as rpcrdma does.
 //
-//	go test -run '^$' -bench 'WriteExchange1MiB$' -benchtime 20x ./verbs/iwarp
+//	go test -run '^$' -bench '^BenchmarkWriteExchange1MiB$' -benchtime 40x -count 7 ./verbs/iwarp
 func BenchmarkWriteExchange1MiB(b *testing.B) {
 	r := verbstest.WriteExchange(b, verbstest.Target{Provider: &iwarp.Provider{}, ListenAddr: "127.0.0.1:0"}, 1<<20, 5, b.N)
 	b.ReportMetric(r.RDMAOverTCP, "rdma/tcp")

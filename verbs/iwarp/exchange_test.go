@@ -28,8 +28,8 @@ const (
 // Sends 64 bytes, which the requester takes in its receive handler and
 // hands to the waiting goroutine (as rpcrdma does). Over TCP: the
 // requester writes the 200 bytes and the 1 MiB (one writev); the peer
-// reads them into one buffer and writes 64 bytes back, which the
-// requester reads.
+// reads the call, then the data, and writes 64 bytes back, which the
+// requester reads (verbstest.TCPExchange).
 //
 // rdma/tcp is TCP's time over the provider's (the throughput ratio, as
 // rpcrdma's metric); the cpu-s/GiB and csw/op metrics are the process's

@@ -37,9 +37,9 @@ type ratioCost struct {
 }
 
 // alternate runs ops (ops[0] TCP, ops[1] the provider, and any more)
-// in turns, one of each per iteration, rotating which goes first. The operations
-// are sequential, so the process's CPU time and context switches around
-// each are its cost (both ends of the connection).
+// in turns, one of each per iteration, rotating which goes first. The
+// operations are sequential, so the process's CPU time and context
+// switches around each are its cost (both ends of the connection).
 func alternate(b *testing.B, ops ...func() error) ratioCost {
 	rc := ratioCost{spent: make([]time.Duration, len(ops)), cpu: make([]time.Duration, len(ops)), csw: make([]int64, len(ops))}
 	b.ReportAllocs()
