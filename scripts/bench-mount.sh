@@ -18,6 +18,8 @@
 # switches, system calls) each knfsd or relay variant's rdmafs process and
 # relay process during each job, into DIR; PERF_RECORD=0 only counts.
 # RPCS=1 counts COMPOUNDs per entry of tar x, ls -l and rm -rf instead.
+# ganesha exports a directory in /dev/shm, so that this machine's disk is
+# not what is measured; EXPORT=disk puts it on the disk instead.
 #   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
 #   SIZE=256 ROUNDS=5 RELAY=1 JOBS='1M direct' scripts/bench-mount.sh
 set -euo pipefail
@@ -32,6 +34,7 @@ args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
 [ "${RELAY:-}" = 0 ] && args+=(-relay=false)
 [ "${RELAY:-}" = 1 ] && args+=(-ganesha-relay)
 [ -n "${JOBS:-}" ] && args+=(-jobs "$JOBS")
+[ -n "${EXPORT:-}" ] && args+=(-export "$EXPORT")
 [ -n "${PERF:-}" ] && args+=(-perf "$PERF")
 [ "${PERF_RECORD:-1}" = 0 ] && args+=(-perf-record=false)
 exec go run ./test/benchmount "${args[@]}"

@@ -1,6 +1,7 @@
 package testpeer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,7 +20,8 @@ type Ganesha struct {
 	Addr   string // NFS over TCP, "127.0.0.1:port"
 	Export string // pseudo path of the export, "/export"
 	Dir    string // host directory backing the export
-	// RunDir holds ganesha.conf, ganesha.log and the export directory.
+	// RunDir holds ganesha.conf, ganesha.log and the export directory
+	// (unless GaneshaOptions.ExportDir put it elsewhere).
 	// Empty for a server given by RDMAFS_GANESHA.
 	RunDir string
 
@@ -92,6 +94,10 @@ type GaneshaOptions struct {
 	// Lease and GracePeriod are Lease_Lifetime and Grace_Period in
 	// seconds; zero means 60 and 90 (Graceless) or 15 and 20 (Grace).
 	Lease, GracePeriod int
+	// ExportDir, if set, is the directory to export (created if missing;
+	// the caller removes it) instead of a fresh one in the run directory:
+	// a tmpfs keeps a benchmark's disk out of its figures.
+	ExportDir string
 }
 
 // StartGanesha runs ganesha.nfsd in the foreground on a free loopback port,
@@ -155,7 +161,7 @@ func startGaneshaOnce(ctx context.Context, bin string, opts GaneshaOptions) (g *
 	g = &Ganesha{
 		Addr:    loopback(ports[0]),
 		Export:  "/export",
-		Dir:     filepath.Join(runDir, "export"),
+		Dir:     cmp.Or(opts.ExportDir, filepath.Join(runDir, "export")),
 		RunDir:  runDir,
 		bin:     bin,
 		conf:    filepath.Join(runDir, "ganesha.conf"),

@@ -1,7 +1,8 @@
 // Command benchmount measures rdmafs mounts with fio against a floor, in
 // one run, and prints one table (make bench-mount).
 //
-// It starts nfs-ganesha on a directory of this machine's disk, mounts it
+// It starts nfs-ganesha on a directory in /dev/shm (-export tmpfs; -export
+// disk puts it on this machine's disk, whose rate then shows), mounts it
 // with rdmafs (proto=tcp) and serves the same directory through a go-fuse
 // loopback file system in this process (the FUSE floor: no network, no
 // NFS, passthrough off), and runs the same fio jobs on both: 1 MiB
@@ -343,6 +344,7 @@ func main() {
 	rpcs := flag.Bool("rpcs", false, "instead of fio: count the COMPOUNDs per entry of tar x, ls -l and rm -rf against ganesha")
 	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=tcp and proto=rdma through relay processes on this host relaying over TCP to knfsd")
 	ganeshaRelay := flag.Bool("ganesha-relay", false, "also mount ganesha through the two relays (tcp-relay, rdma-relay) and compare them")
+	exportOn := flag.String("export", "tmpfs", "where ganesha's export lives: tmpfs (/dev/shm, so that the disk is not measured) or disk (ganesha's run directory)")
 	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
 	flag.StringVar(&perfDir, "perf", "", "with -knfsd or -ganesha-relay, perf record and perf stat each rdmafs process (and the relay) during each job into this directory")
 	flag.BoolVar(&perfRecord, "perf-record", true, "with -perf, perf record as well as perf stat (false: only count, which slows the jobs less)")
@@ -365,7 +367,7 @@ func main() {
 	defer removeSources()
 
 	if *ganesha || *rpcs || *ganeshaRelay {
-		if err := benchGanesha(abs, *size, *rounds, *ganesha, *ganeshaRelay && !*rpcs, *rpcs, match); err != nil {
+		if err := benchGanesha(abs, *exportOn, *size, *rounds, *ganesha, *ganeshaRelay && !*rpcs, *rpcs, match); err != nil {
 			log.Fatalf("benchmount: %v", err)
 		}
 	}
@@ -380,10 +382,17 @@ func main() {
 // benchGanesha compares rdmafs on ganesha with the go-fuse loopback of
 // the same directory (with floor) and rdma-relay with tcp-relay in front
 // of it (with relay), or with rpcs counts COMPOUNDs per entry.
-func benchGanesha(abs string, size, rounds int, floor, relay, rpcs bool, match *regexp.Regexp) error {
+func benchGanesha(abs, exportOn string, size, rounds int, floor, relay, rpcs bool, match *regexp.Regexp) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	g, err := testpeer.StartGanesha(ctx)
+	dir, err := exportDir(exportOn, size)
+	if err != nil {
+		return err
+	}
+	if dir != "" {
+		defer os.RemoveAll(dir)
+	}
+	g, err := testpeer.StartGaneshaWith(ctx, testpeer.GaneshaOptions{ExportDir: dir})
 	if err != nil {
 		return fmt.Errorf("start ganesha: %w", err)
 	}
@@ -393,23 +402,23 @@ func benchGanesha(abs string, size, rounds int, floor, relay, rpcs bool, match *
 		if err != nil {
 			return err
 		}
-		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine), each workload on a fresh mount", steps)
+		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine, export on "+exportOn+"), each workload on a fresh mount", steps)
 		return nil
 	}
 	if floor {
-		if err := benchFloor(abs, g, size, rounds, match); err != nil {
+		if err := benchFloor(abs, g, exportOn, size, rounds, match); err != nil {
 			return err
 		}
 	}
 	if relay {
-		return benchGaneshaRelay(abs, g.Addr, "127.0.0.1:"+g.Export, size, rounds, match)
+		return benchGaneshaRelay(abs, g.Addr, "127.0.0.1:"+g.Export, exportOn, size, rounds, match)
 	}
 	return nil
 }
 
 // benchFloor compares rdmafs on ganesha with the go-fuse loopback of the
 // same directory.
-func benchFloor(abs string, g *testpeer.Ganesha, size, rounds int, match *regexp.Regexp) error {
+func benchFloor(abs string, g *testpeer.Ganesha, exportOn string, size, rounds int, match *regexp.Regexp) error {
 	nfsDir, umountNFS, err := mountRdmafs(abs, "127.0.0.1:"+g.Export, "port="+port(g.Addr))
 	if err != nil {
 		return err
@@ -428,7 +437,7 @@ func benchFloor(abs string, g *testpeer.Ganesha, size, rounds int, match *regexp
 	if err != nil {
 		return err
 	}
-	printTable(fmt.Sprintf("rdmafs (proto=tcp, ganesha on this machine) vs go-fuse loopback of the same directory, %d MiB, median of %d", size, rounds),
+	printTable(fmt.Sprintf("rdmafs (proto=tcp, ganesha on this machine, export on %s) vs go-fuse loopback of the same directory, %d MiB, median of %d", exportOn, size, rounds),
 		"rdmafs", "loopback", rows)
 	printBuffered("rdmafs", "loopback", rows)
 	return nil

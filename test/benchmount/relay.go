@@ -233,7 +233,7 @@ func mountVariants(abs, source string, ms []mount) ([]variant, func(), error) {
 // ganesha (tcpAddr, source the mount source of its export): the client's
 // RDMA stack against its TCP stack, through the same kind of hop to the
 // same server, on this host's CPU alone.
-func benchGaneshaRelay(abs, tcpAddr, source string, size, rounds int, match *regexp.Regexp) error {
+func benchGaneshaRelay(abs, tcpAddr, source, exportOn string, size, rounds int, match *regexp.Regexp) error {
 	ms, stop, err := relayMounts(tcpAddr)
 	if err != nil {
 		return err
@@ -248,7 +248,7 @@ func benchGaneshaRelay(abs, tcpAddr, source string, size, rounds int, match *reg
 	if err != nil {
 		return err
 	}
-	printTableN(os.Stdout, fmt.Sprintf("ganesha on this machine through tcp-relay and rdma-relay (proto=tcp or proto=rdma to a relay process on this host, TCP on to ganesha), %d MiB, median of %d", size, rounds),
+	printTableN(os.Stdout, fmt.Sprintf("ganesha on this machine (export on %s) through tcp-relay and rdma-relay (proto=tcp or proto=rdma to a relay process on this host, TCP on to ganesha), %d MiB, median of %d", exportOn, size, rounds),
 		vs, []ratio{{1, 0}}, rows)
 	return nil
 }
