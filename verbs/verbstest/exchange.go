@@ -65,7 +65,7 @@ func WriteExchange(t testing.TB, tg Target, size, batches, rounds int) ExchangeR
 	}
 	ops := [3]func() error{
 		TCPExchange(t, host, size, false),
-		rdmaExchange(t, &tg, size),
+		RDMAExchange(t, tg, size),
 		TCPExchange(t, host, size, true),
 	}
 	batches = max(batches, 5)
@@ -164,9 +164,11 @@ func TCPExchange(t testing.TB, host string, size int, pull bool) func() error {
 	}
 }
 
-// rdmaExchange returns one exchange over tg's provider; a goroutine plays
-// the responder.
-func rdmaExchange(t testing.TB, tg *Target, size int) func() error {
+// RDMAExchange returns one exchange of a WRITE of size bytes over
+// tg.Provider, completions polled: the requester Sends the call, a
+// goroutine playing the responder (ServeReadExchange) reads the data with
+// an RDMA Read and Sends the reply.
+func RDMAExchange(t testing.TB, tg Target, size int) func() error {
 	t.Helper()
 	c, s := tg.connect(t, nil, nil)
 	ctx, cancel := context.WithCancel(context.Background())
