@@ -19,7 +19,7 @@ help:
 	@echo "make unit    unit tests only (go test -short)"
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make bench   data-path benchmarks"
-	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; RELAY=1: rdma-relay vs tcp-relay on ganesha; SIZE, ROUNDS)"
+	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; RELAY=1: rdma-relay vs tcp-relay on ganesha; SIZE, ROUNDS; EXPORT=disk: ganesha on the disk, not tmpfs)"
 	@echo "make soak    data-verification soak on each server and transport (DURATION=30m, PEERS, PARALLEL=1, CUT=60s, RESTART_CMD; see scripts/soak.sh)"
 	@echo "make lint    gofmt, go vet, staticcheck"
 	@echo "make deps    install the Debian packages the tests need and build the knfsd guest"
