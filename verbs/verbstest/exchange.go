@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"testing"
@@ -54,8 +55,10 @@ func (r ExchangeRatios) String() string {
 // tg.Provider (the requester Sends the call; the peer reads size bytes of
 // the requester's region with an RDMA Read, as for a Read chunk, RFC 8166
 // s3.4.5, and Sends the reply) and its two TCP counterparts on the
-// listening address's host, one of each kind per round in turns, and
-// returns the throughput ratios, median of batches (at least 5).
+// listening address's host, and returns the throughput ratios, median of
+// batches (at least 5). Each round runs one of each kind in a random
+// order: a call pays for the work the one before it left running, and in
+// a fixed rotation each kind would mostly follow the same other.
 // Completions are polled, which every provider offers.
 func WriteExchange(t testing.TB, tg Target, size, batches, rounds int) ExchangeRatios {
 	t.Helper()
@@ -69,12 +72,13 @@ func WriteExchange(t testing.TB, tg Target, size, batches, rounds int) ExchangeR
 		TCPExchange(t, host, size, true),
 	}
 	batches = max(batches, 5)
+	rng, order := rand.New(rand.NewPCG(1, 2)), []int{0, 1, 2}
 	var rdmaTCP, pullTCP, rdmaPull []float64
 	for range batches {
 		var spent [3]time.Duration
-		for i := range rounds {
-			for k := range ops {
-				j := (i + k) % len(ops)
+		for range rounds {
+			rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			for _, j := range order {
 				t0 := time.Now()
 				if err := ops[j](); err != nil {
 					t.Fatalf("exchange %d: %v", j, err)
