@@ -85,6 +85,10 @@ type Stats struct {
 	Exposures, ExposureReuses uint64
 	FastRegions               int // fast-registration regions in existence
 	LiveExposures             int // exposed now (calls in flight)
+	// QuarantinedBytes is slab memory kept mapped for good because a
+	// deregistration of it, or of a region bound inside it, failed: the
+	// device may still reach it, so it is never unmapped or reused.
+	QuarantinedBytes int64
 }
 
 // ReuseRate returns ExposureReuses/Exposures (1 when nothing was exposed).
@@ -126,6 +130,9 @@ type chunk struct {
 	mem  []byte
 	base uintptr
 	mr   *verbs.MemoryRegion
+	// pinned: a deregistration touching this chunk failed; its memory
+	// stays mapped (quarantined) even after Close.
+	pinned bool
 }
 
 // New returns a pool over pd that maps at most maxBytes (0 means
@@ -381,6 +388,7 @@ func (p *Pool) Contains(b []byte) bool {
 type Registration struct {
 	pool   *Pool
 	mr     *verbs.MemoryRegion
+	target *chunk // the chunk the region was bound in last (nil: never bound)
 	live   bool
 	STag   uint32
 	Offset uint64 // the advertised offset of the first byte (0, or its address with a hardware provider)
@@ -396,7 +404,8 @@ func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", len(b), ErrNotRegistered)
 	}
-	target := p.chunks[ci].mr
+	c := p.chunks[ci]
+	target := c.mr
 	var r *Registration
 	if k := len(p.idleFR); k > 0 {
 		r, p.idleFR = p.idleFR[k-1], p.idleFR[:k-1]
@@ -412,14 +421,15 @@ func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
 	}
 	stag, err := r.mr.FastRegister(target, off, len(b), access)
 	if err != nil {
-		_ = r.mr.Deregister()
+		p.mu.Lock()
+		p.deregisterLocked(r)
 		if reused {
-			p.mu.Lock()
 			p.stats.FastRegions--
-			p.mu.Unlock()
 		}
+		p.mu.Unlock()
 		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", len(b), err)
 	}
+	r.target = c
 	p.mu.Lock()
 	p.stats.Exposures++
 	if reused {
@@ -485,8 +495,8 @@ func (r *Registration) InvalidatePlaced(ctx context.Context) (placed int, ok boo
 	p.stats.LiveExposures--
 	if p.closed {
 		p.stats.FastRegions--
+		p.deregisterLocked(r)
 		p.mu.Unlock()
-		_ = r.mr.Deregister()
 	} else {
 		p.idleFR = append(p.idleFR, r)
 		p.mu.Unlock()
@@ -500,6 +510,11 @@ func (p *Pool) Stats() Stats {
 	defer p.mu.Unlock()
 	s := p.stats
 	s.BytesInUse = p.inUse
+	for _, c := range p.chunks {
+		if c.pinned {
+			s.QuarantinedBytes += ChunkSize
+		}
+	}
 	return s
 }
 
@@ -514,7 +529,7 @@ func (p *Pool) Close() {
 	}
 	p.closed = true
 	for _, r := range p.idleFR {
-		_ = r.mr.Deregister()
+		p.deregisterLocked(r)
 		p.stats.FastRegions--
 	}
 	p.idleFR = nil
@@ -523,16 +538,38 @@ func (p *Pool) Close() {
 	p.maybeUnmapLocked()
 }
 
+// deregisterLocked releases a fast-registration region. If that fails the
+// device may still reach the chunk the region was bound in last: the chunk
+// is pinned, never unmapped.
+func (p *Pool) deregisterLocked(r *Registration) {
+	if err := r.mr.Deregister(); err != nil && r.target != nil {
+		r.target.pinned = true
+	}
+}
+
 // maybeUnmapLocked releases the slab after Close once nothing is in use.
+// Registered memory is never unmapped: a chunk whose deregistration
+// failed, or that a region which failed to deregister was bound in, stays
+// mapped (QuarantinedBytes), since the device may still write it.
 func (p *Pool) maybeUnmapLocked() {
 	if !p.closed || p.inUse != 0 {
 		return
 	}
+	kept := p.chunks[:0]
 	for _, c := range p.chunks {
-		_ = c.mr.Deregister()
+		if !c.pinned {
+			if err := c.mr.Deregister(); err != nil {
+				c.pinned = true
+			}
+		}
+		if c.pinned {
+			kept = append(kept, c)
+			continue
+		}
 		_ = syscall.Munmap(c.mem)
 		p.stats.Chunks--
 		p.stats.BytesRegistered -= ChunkSize
 	}
-	p.chunks = nil
+	clear(p.chunks[len(kept):])
+	p.chunks = kept
 }

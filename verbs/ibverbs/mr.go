@@ -14,6 +14,7 @@ import "C"
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -23,7 +24,11 @@ import (
 // NewProtectionDomain returns a protection domain whose registrations are
 // made on the device.
 func (p *Provider) NewProtectionDomain() *verbs.ProtectionDomain {
-	return verbs.NewProtectionDomainWithHook(&hook{p: p, regs: make(map[*verbs.MemoryRegion]*hwMR)})
+	return verbs.NewProtectionDomainWithHook(newHook(p, cDevice{pd: p.pd}))
+}
+
+func newHook(p *Provider, dev device) *hook {
+	return &hook{p: p, dev: dev, regs: make(map[*verbs.MemoryRegion]*hwMR)}
 }
 
 // hwMR is a device registration backing a verbs.MemoryRegion.
@@ -34,12 +39,46 @@ type hwMR struct {
 	lkey, rkey uint32
 }
 
+// device is what the hook asks of the RDMA device: the registration
+// system calls (tests stand in a device whose calls fail on demand).
+type device interface {
+	regMR(addr uintptr, n int, access verbs.Access) (*hwMR, error)
+	deregMR(r *hwMR) error
+}
+
+// cDevice registers with libibverbs on a protection domain.
+type cDevice struct{ pd *C.struct_ibv_pd }
+
+func (d cDevice) regMR(addr uintptr, n int, access verbs.Access) (*hwMR, error) {
+	m := C.reg_mr(d.pd, C.uintptr_t(addr), C.size_t(n), ibvAccess(access))
+	if m == nil {
+		errno := syscall.Errno(C.errno_of())
+		if errno == syscall.ENOMEM {
+			return nil, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w (locked-memory limit: raise ulimit -l or lower rdmamem)", n, errno)
+		}
+		return nil, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w", n, errno)
+	}
+	return &hwMR{mr: m, addr: addr, size: uint64(n), lkey: uint32(m.lkey), rkey: uint32(m.rkey)}, nil
+}
+
+func (d cDevice) deregMR(r *hwMR) error {
+	if rc := C.ibv_dereg_mr(r.mr); rc != 0 {
+		return fmt.Errorf("ibverbs: ibv_dereg_mr: %w", syscall.Errno(rc))
+	}
+	return nil
+}
+
 // hook mirrors a ProtectionDomain's registrations on the device. Its
 // methods run with the domain's lock held; mu guards regs for PostSend.
 type hook struct {
 	p    *Provider
+	dev  device
 	mu   sync.Mutex
 	regs map[*verbs.MemoryRegion]*hwMR
+	// epoch counts recoveries (recoverKeys): a work request records it
+	// when posted, so that its failure triggers a recovery only if no
+	// recovery ran since.
+	epoch atomic.Uint64
 }
 
 var (
@@ -77,15 +116,10 @@ func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
 	}
 	// A fast region is bound inside a registered slab chunk (checked by
 	// verbs.FastRegister), so it too names only slab memory.
-	m := C.reg_mr(h.p.pd, C.uintptr_t(addr), C.size_t(len(buf)), ibvAccess(access))
-	if m == nil {
-		errno := syscall.Errno(C.errno_of())
-		if errno == syscall.ENOMEM {
-			return 0, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w (locked-memory limit: raise ulimit -l or lower rdmamem)", len(buf), errno)
-		}
-		return 0, fmt.Errorf("ibverbs: ibv_reg_mr %d bytes: %w", len(buf), errno)
+	r, err := h.dev.regMR(addr, len(buf), access)
+	if err != nil {
+		return 0, err
 	}
-	r := &hwMR{mr: m, addr: addr, size: uint64(len(buf)), lkey: uint32(m.lkey), rkey: uint32(m.rkey)}
 	h.mu.Lock()
 	h.regs[mr] = r
 	h.mu.Unlock()
@@ -95,21 +129,29 @@ func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
 	return r.lkey, nil
 }
 
-// dereg drops mr's device registration, if any.
+// dereg drops mr's device registration, if any. The record stays until
+// ibv_dereg_mr succeeds: a failed deregistration leaves the key live on
+// the device, so a retry must try again rather than find nothing and
+// report success (the domain then keeps the region valid, and the
+// transport quarantines its memory and closes the connection, RFC 8166
+// s4.5.4).
 func (h *hook) dereg(mr *verbs.MemoryRegion) error {
 	h.mu.Lock()
 	r := h.regs[mr]
-	delete(h.regs, mr)
 	h.mu.Unlock()
 	if r == nil {
 		return nil
 	}
-	if rc := C.ibv_dereg_mr(r.mr); rc != 0 {
-		return fmt.Errorf("ibverbs: ibv_dereg_mr: %w", syscall.Errno(rc))
+	if err := h.dev.deregMR(r); err != nil {
+		return err
 	}
+	h.mu.Lock()
+	if h.regs[mr] == r {
+		delete(h.regs, mr)
+	}
+	h.mu.Unlock()
 	return nil
 }
-
 // Register registers a region of memory; a fast-registration region gets
 // its key when it is bound (Reregister).
 func (h *hook) Register(mr *verbs.MemoryRegion) (uint32, error) {
