@@ -152,6 +152,7 @@ func (h *hook) dereg(mr *verbs.MemoryRegion) error {
 	h.mu.Unlock()
 	return nil
 }
+
 // Register registers a region of memory; a fast-registration region gets
 // its key when it is bound (Reregister).
 func (h *hook) Register(mr *verbs.MemoryRegion) (uint32, error) {
