@@ -323,6 +323,11 @@ func (p *Pool) locateLocked(b []byte) (ci int, off uint64, ok bool) {
 	return 0, 0, false
 }
 
+// CountsPlacement reports whether the provider reports the bytes the peer
+// placed in an exposure (InvalidatePlaced's ok); see
+// verbs.ProtectionDomain.CountsPlacement.
+func (p *Pool) CountsPlacement() bool { return p.pd.CountsPlacement() }
+
 // Put returns a buffer that Get or GetWait returned (or a slice of it that
 // starts where it starts).
 func (p *Pool) Put(b []byte) error {

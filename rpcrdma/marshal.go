@@ -121,6 +121,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 			return fmt.Errorf("rpcrdma: xid %#x: Reply chunk buffer: %w", r.xid, err)
 		}
 		r.replyBuf = buf
+		clearUncounted(pool, buf)
 		reg, err := c.expose(r, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			return err
@@ -230,6 +231,9 @@ func bulkSegments(pool *mrcache.Pool, data []byte) int {
 func (c *conn) exposeBulk(ctx context.Context, r *req, data []byte, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
 	pool := c.t.pool
 	if pool.Contains(data) {
+		if access&verbs.AccessRemoteWrite != 0 {
+			clearUncounted(pool, data)
+		}
 		reg, err := c.expose(r, data, access)
 		if err != nil {
 			return nil, nil, err
@@ -247,6 +251,8 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, data []byte, access verbs
 		if access&verbs.AccessRemoteRead != 0 {
 			copy(buf, piece)
 			c.t.stats.copied.Add(uint64(len(piece)))
+		} else {
+			clearUncounted(pool, buf)
 		}
 		reg, err := c.expose(r, buf[:max(len(buf), 1)], access)
 		if err != nil {
@@ -259,6 +265,21 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, data []byte, access verbs
 		}
 	}
 	return segs, bounce, nil
+}
+
+// clearUncounted zeroes a buffer about to be exposed for remote write
+// when the provider cannot tell how many bytes the peer placed in it
+// (rdma-core: the device places data unseen). The reply then takes the
+// peer's claimed length on trust (RFC 8166 s3.4.6 says only bytes the
+// responder wrote are data, which only the provider could check), so
+// whatever it claims but did not write must not be earlier contents of
+// the buffer: another call's data, or another file's. With the software
+// provider the placed count bounds the reply instead, and the buffer is
+// left as it is (CONFORMANCE.md, "What the client can verify").
+func clearUncounted(pool *mrcache.Pool, buf []byte) {
+	if !pool.CountsPlacement() {
+		clear(buf)
+	}
 }
 
 // callBuffer returns a slab buffer that lives as long as the call.

@@ -325,6 +325,14 @@ func (mr *MemoryRegion) Placed() (n uint64, ok bool) {
 	return mr.placed, mr.pd.hook == nil
 }
 
+// CountsPlacement reports whether the domain learns how many bytes the
+// peer placed in its regions (MemoryRegion.Placed): true for the software
+// provider, false for hardware, whose device places data without the
+// domain seeing it. An upper layer that cannot count placed bytes clears a
+// buffer before it exposes it for remote write, so that bytes the peer
+// claims but did not write are zeros, never earlier contents.
+func (pd *ProtectionDomain) CountsPlacement() bool { return pd.hook == nil }
+
 func (pd *ProtectionDomain) lookupLocked(stag uint32, need Access, off, n uint64) (*MemoryRegion, error) {
 	mr := pd.regions[stag>>8]
 	if mr == nil || mr.stag != stag || !mr.valid {
