@@ -69,7 +69,9 @@ func (q *queuePair) pollLoop() {
 			k = 0
 		}
 		for i := range k {
-			q.deliver(&wcs[i])
+			w := &wcs[i]
+			q.deliver(workCompletion{wrID: uint64(w.wr_id), status: int(w.status), byteLen: uint32(w.byte_len),
+				invRkey: uint32(w.inv_rkey), withInv: w.with_inv != 0})
 		}
 		if k > 0 {
 			armed = false
@@ -103,35 +105,54 @@ func (q *queuePair) pollLoop() {
 	}
 }
 
+// workCompletion is a device completion in Go terms.
+type workCompletion struct {
+	wrID    uint64
+	status  int
+	byteLen uint32
+	invRkey uint32 // the STag a Send With Invalidate named (withInv)
+	withInv bool
+}
+
 // deliver turns one device completion into an API completion.
-func (q *queuePair) deliver(w *C.struct_flat_wc) {
+func (q *queuePair) deliver(w workCompletion) {
 	q.mu.Lock()
-	info, ok := q.wrs[uint64(w.wr_id)]
-	delete(q.wrs, uint64(w.wr_id))
+	info, ok := q.wrs[w.wrID]
+	delete(q.wrs, w.wrID)
 	q.mu.Unlock()
 	if !ok {
 		return
 	}
-	st := int(w.status)
+	st := w.status
 	c := verbs.Completion{WRID: info.wrid, Status: mapStatus(st), Opcode: info.op}
 	if info.recv {
-		c.ByteLen = uint32(w.byte_len)
-		if w.with_inv != 0 && c.Status == verbs.StatusSuccess {
+		c.ByteLen = w.byteLen
+		if w.withInv && c.Status == verbs.StatusSuccess {
 			c.Opcode = verbs.OpRecvWithInvalidate
-			c.InvalidatedSTag = uint32(w.inv_rkey)
+			c.InvalidatedSTag = w.invRkey
 			// The device invalidated the key; the domain must agree
 			// that it was a remotely accessible region of ours. If
-			// not (siw invalidates any STag of the protection
-			// domain) the receive fails and the connection breaks:
+			// not, the receive fails and the connection breaks:
 			// remote invalidation is honoured only for the STags we
-			// offered (RFC 8166 s3.4.4).
+			// offered (RFC 8166 s3.4.4). siw invalidates any STag of
+			// the protection domain (it checks only the domain, and
+			// only the key's index), so a slab chunk's key may be
+			// dead on the device now: it is registered again.
 			if err := q.pd.InvalidateRemote(c.InvalidatedSTag); err != nil {
 				q.fail(fmt.Errorf("%w: peer invalidated an STag we did not expose: %w", verbs.ErrTerminated, err))
 				c = verbs.Completion{WRID: info.wrid, Status: verbs.StatusRemoteOpErr, Opcode: verbs.OpRecv}
+				q.h.recoverKeys(q.h.epoch.Load(), w.invRkey)
 			}
 		}
 	} else if c.Status == verbs.StatusSuccess {
 		c.ByteLen = info.n
+	}
+	if st == wcLocProtErr {
+		// A local key the work request named was refused. siw with
+		// rdma-core 44 does not report the Send With Invalidate that
+		// killed it (see recoverKeys): the memory is registered again
+		// unless that was done since this request was posted.
+		q.h.recoverKeys(info.epoch, 0)
 	}
 	if err := statusError(st, info.op); err != nil {
 		q.fail(err)

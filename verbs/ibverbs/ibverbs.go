@@ -36,6 +36,15 @@
 // InfiniBand and RoCE devices refuse it for ibv_reg_mr regions, so
 // RemoteInvalidate reports false there and the transport must not offer
 // it.
+//
+// siw carries out a Send With Invalidate before software sees it, on any
+// STag of the protection domain whose index matches, offered or not: a
+// hostile peer can kill a slab chunk's key, which no offer can prevent.
+// The provider detects it (the reported invalidated STag is not an
+// exposure of ours, or, where rdma-core does not report it, a work request
+// fails with a local protection error), breaks that connection and
+// registers the slab chunks again under new keys, so the memory works for
+// the connections that follow.
 package ibverbs
 
 import (

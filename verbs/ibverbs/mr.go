@@ -77,8 +77,10 @@ type hook struct {
 	regs map[*verbs.MemoryRegion]*hwMR
 	// epoch counts recoveries (recoverKeys): a work request records it
 	// when posted, so that its failure triggers a recovery only if no
-	// recovery ran since.
+	// recovery ran since. recMu serialises recoveries (failure path
+	// only).
 	epoch atomic.Uint64
+	recMu sync.Mutex
 }
 
 var (
@@ -151,6 +153,48 @@ func (h *hook) dereg(mr *verbs.MemoryRegion) error {
 	}
 	h.mu.Unlock()
 	return nil
+}
+
+// recoverKeys registers the domain's own memory (the slab chunks) again
+// under new keys after a peer may have killed one: siw carries out a
+// received Send With Invalidate on any STag of the protection domain
+// whose index matches, registered for remote access or not, before
+// software can check that the STag was offered for the call (RFC 8166
+// s3.4.4 lets the responder invalidate only what the call offered; siw
+// checks neither that nor the key byte). A dead chunk key would fail every
+// later work request that names the chunk, on every connection sharing
+// the domain; the new registration ends that, and connections whose work
+// requests already named the old key break and reconnect.
+//
+// With stag set (the device reported the invalidation) only the region
+// holding that key index is registered again; with 0 (a work request
+// failed with a local protection error, as when siw's userspace library
+// does not report the invalidation) every one is. epoch is the hook's
+// epoch when the failing request was posted: if a recovery ran since,
+// the request failed on a key already replaced and nothing is done, so
+// failures of requests posted before a recovery do not set off another.
+// Exposures (fast-registration regions) are not touched: each belongs to
+// one call, whose peer then finds its key dead.
+func (h *hook) recoverKeys(epoch uint64, stag uint32) {
+	h.recMu.Lock()
+	defer h.recMu.Unlock()
+	if h.epoch.Load() != epoch {
+		return
+	}
+	h.mu.Lock()
+	var chunks []*verbs.MemoryRegion
+	for mr, r := range h.regs {
+		if !mr.IsFast() && (stag == 0 || r.lkey>>8 == stag>>8 || r.rkey>>8 == stag>>8) {
+			chunks = append(chunks, mr)
+		}
+	}
+	h.mu.Unlock()
+	for _, mr := range chunks {
+		// A failure leaves the region invalid in the domain: work
+		// requests naming it are refused when posted.
+		_, _ = mr.Reregister(mr.Access())
+	}
+	h.epoch.Add(1)
 }
 
 // Register registers a region of memory; a fast-registration region gets

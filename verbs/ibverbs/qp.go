@@ -72,10 +72,11 @@ import (
 
 // wrInfo is what a device work request ID stands for.
 type wrInfo struct {
-	wrid uint64
-	op   verbs.Opcode
-	recv bool
-	n    uint32
+	wrid  uint64
+	op    verbs.Opcode
+	recv  bool
+	n     uint32
+	epoch uint64 // the hook's key epoch when posted (recoverKeys)
 }
 
 // queuePair is an RC queue pair connected with RDMA-CM.
@@ -189,6 +190,7 @@ func (q *queuePair) PostSend(wr verbs.SendWR) error {
 	if wr.Opcode == verbs.OpRDMARead {
 		need = verbs.AccessLocalWrite // the sink
 	}
+	epoch := q.h.epoch.Load() // before the keys are read
 	var sge [verbs.MaxSGE]C.struct_ibv_sge
 	if err := q.h.sges(wr.SGL, sge[:], need); err != nil {
 		return fmt.Errorf("ibverbs: post send: %w", err)
@@ -222,7 +224,7 @@ func (q *queuePair) PostSend(wr verbs.SendWR) error {
 	if rc != 0 {
 		return fmt.Errorf("%w: ibv_post_send: %w", verbs.ErrInvalidWR, syscall.Errno(rc))
 	}
-	q.wrs[id] = wrInfo{wrid: wr.WRID, op: wr.Opcode, n: n}
+	q.wrs[id] = wrInfo{wrid: wr.WRID, op: wr.Opcode, n: n, epoch: epoch}
 	return nil
 }
 
@@ -231,6 +233,7 @@ func (q *queuePair) PostRecv(wr verbs.RecvWR) error {
 	if err := checkRecv(&wr, q.maxSGE); err != nil {
 		return err
 	}
+	epoch := q.h.epoch.Load() // before the keys are read
 	var sge [verbs.MaxSGE]C.struct_ibv_sge
 	if err := q.h.sges(wr.SGL, sge[:], verbs.AccessLocalWrite); err != nil {
 		return fmt.Errorf("ibverbs: post receive: %w", err)
@@ -246,7 +249,7 @@ func (q *queuePair) PostRecv(wr verbs.RecvWR) error {
 	if rc := C.post_recv(q.qp, C.uint64_t(id), &sge[0], C.int(len(wr.SGL))); rc != 0 {
 		return fmt.Errorf("%w: ibv_post_recv: %w", verbs.ErrInvalidWR, syscall.Errno(rc))
 	}
-	q.wrs[id] = wrInfo{wrid: wr.WRID, op: verbs.OpRecv, recv: true}
+	q.wrs[id] = wrInfo{wrid: wr.WRID, op: verbs.OpRecv, recv: true, epoch: epoch}
 	return nil
 }
 
