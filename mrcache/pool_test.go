@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 func TestGetPutCoalesce(t *testing.T) {
-	pd := verbs.NewProtectionDomain()
+	pd := iwarp.NewProtectionDomain()
 	p := New(pd, ChunkSize)
 	var bufs [][]byte
 	// Fill the chunk with 4 KiB blocks, then free them all: the buddies
@@ -53,7 +54,7 @@ func TestGetPutCoalesce(t *testing.T) {
 }
 
 func TestPutRejectsForeignMemory(t *testing.T) {
-	p := New(verbs.NewProtectionDomain(), 0)
+	p := New(iwarp.NewProtectionDomain(), 0)
 	b, err := p.Get(8192)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +77,7 @@ func TestPutRejectsForeignMemory(t *testing.T) {
 }
 
 func TestGetWaitBlocksUntilPut(t *testing.T) {
-	p := New(verbs.NewProtectionDomain(), ChunkSize)
+	p := New(iwarp.NewProtectionDomain(), ChunkSize)
 	all, err := p.GetWait(context.Background(), ChunkSize)
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +107,7 @@ func TestGetWaitBlocksUntilPut(t *testing.T) {
 // buffer (RFC 8166 s8.1), nothing around them, and nothing after it is
 // invalidated; the slab chunk itself grants no remote access.
 func TestExposeExactly(t *testing.T) {
-	pd := verbs.NewProtectionDomain()
+	pd := iwarp.NewProtectionDomain()
 	p := New(pd, 0)
 	buf, err := p.Get(64 << 10)
 	if err != nil {
@@ -120,16 +121,16 @@ func TestExposeExactly(t *testing.T) {
 	if reg.Len != 1000 || reg.Offset != 0 {
 		t.Fatalf("registration %+v", reg)
 	}
-	got, err := pd.Resolve(reg.STag, verbs.AccessRemoteWrite, 0, 1000)
+	got, err := iwarp.TableOf(pd).Resolve(reg.STag, verbs.AccessRemoteWrite, 0, 1000)
 	if err != nil || &got[0] != &win[0] {
 		t.Fatalf("the window: %v (same memory: %v)", err, err == nil && &got[0] == &win[0])
 	}
 	for _, tc := range []struct{ off, n uint64 }{{0, 1001}, {1000, 1}, {999, 2}} {
-		if _, err := pd.Resolve(reg.STag, verbs.AccessRemoteWrite, tc.off, tc.n); !errors.Is(err, verbs.ErrBounds) {
+		if _, err := iwarp.TableOf(pd).Resolve(reg.STag, verbs.AccessRemoteWrite, tc.off, tc.n); !errors.Is(err, verbs.ErrBounds) {
 			t.Errorf("[%d,+%d) of a 1000-byte exposure: %v", tc.off, tc.n, err)
 		}
 	}
-	if _, err := pd.Resolve(reg.STag, verbs.AccessRemoteRead, 0, 1); !errors.Is(err, verbs.ErrAccess) {
+	if _, err := iwarp.TableOf(pd).Resolve(reg.STag, verbs.AccessRemoteRead, 0, 1); !errors.Is(err, verbs.ErrAccess) {
 		t.Errorf("read access to a write-only exposure: %v", err)
 	}
 	if pd.LiveRemoteRegions() != 1 {
@@ -139,7 +140,7 @@ func TestExposeExactly(t *testing.T) {
 	if err := reg.Invalidate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.Resolve(stag, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+	if _, err := iwarp.TableOf(pd).Resolve(stag, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("STag after invalidation: %v", err)
 	}
 	// The next exposure reuses the region under a new key: the old STag
@@ -151,7 +152,7 @@ func TestExposeExactly(t *testing.T) {
 	if reg2.STag == stag || reg2.STag>>8 != stag>>8 {
 		t.Fatalf("reused region: STag %#x after %#x", reg2.STag, stag)
 	}
-	if _, err := pd.Resolve(stag, verbs.AccessRemoteRead, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+	if _, err := iwarp.TableOf(pd).Resolve(stag, verbs.AccessRemoteRead, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("old STag after reuse: %v", err)
 	}
 	if s := p.Stats(); s.Exposures != 2 || s.ExposureReuses != 1 || s.FastRegions != 1 || s.LiveExposures != 1 {
@@ -166,14 +167,14 @@ func TestExposeExactly(t *testing.T) {
 // TestInvalidateWaitsForPlacement: an invalidation does not return while
 // the provider is still placing data into the exposed bytes.
 func TestInvalidateWaitsForPlacement(t *testing.T) {
-	pd := verbs.NewProtectionDomain()
+	pd := iwarp.NewProtectionDomain()
 	p := New(pd, 0)
 	buf, _ := p.Get(4096)
 	reg, err := p.Expose(buf, verbs.AccessRemoteWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, mr, err := pd.Begin(reg.STag, verbs.AccessRemoteWrite, 0, 4096) // a placement starts
+	_, mr, err := iwarp.TableOf(pd).Begin(reg.STag, verbs.AccessRemoteWrite, 0, 4096) // a placement starts
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestInvalidateWaitsForPlacement(t *testing.T) {
 	if err := reg.Invalidate(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("invalidate during a placement: %v", err)
 	}
-	if _, _, err := pd.Begin(reg.STag, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+	if _, _, err := iwarp.TableOf(pd).Begin(reg.STag, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("a new placement after the invalidation started: %v", err)
 	}
 	mr.End() // the placement ends (as when the queue pair is closed)
@@ -196,7 +197,7 @@ func TestInvalidateWaitsForPlacement(t *testing.T) {
 // rsize slices that are exposed concurrently (one call each), invalidated
 // and given back.
 func BenchmarkFuseReadPath(b *testing.B) {
-	pd := verbs.NewProtectionDomain()
+	pd := iwarp.NewProtectionDomain()
 	p := New(pd, 0)
 	defer p.Close()
 	sizes := []int{4 << 10, 128 << 10, 1 << 20, 300 << 10}
@@ -234,7 +235,7 @@ func BenchmarkFuseReadPath(b *testing.B) {
 // the exposure and giving the buffer back allocates nothing once the
 // pool is warm (the per-call path of every RDMA READ and WRITE).
 func TestExposeAllocationFree(t *testing.T) {
-	p := New(verbs.NewProtectionDomain(), 0)
+	p := New(iwarp.NewProtectionDomain(), 0)
 	if err := p.ReserveFastRegions(1); err != nil {
 		t.Fatal(err)
 	}

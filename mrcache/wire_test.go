@@ -78,7 +78,7 @@ func peerOp(t *testing.T, peer *iwarp.QP, op verbs.Opcode, stag uint32, off uint
 // (same STag index, new key). Each refused access terminates the
 // connection (RFC 5040 s7), and no slab byte outside the window changes.
 func TestExposedWindowOverWire(t *testing.T) {
-	pd := verbs.NewProtectionDomain()
+	pd := iwarp.NewProtectionDomain()
 	p := New(pd, 0)
 	defer p.Close()
 	if err := p.ReserveFastRegions(1); err != nil {

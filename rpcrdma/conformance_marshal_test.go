@@ -16,6 +16,7 @@ import (
 	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // Conformance tests of the requester's marshalling (RFC 8166 s3.4-s3.5,
@@ -84,6 +85,9 @@ func (q *confQP) posted() [][]byte {
 // queue pair, in negotiation state st with send threshold sendSize.
 func confConn(t *testing.T, cfg Config, st negState, sendSize int) (*conn, *confQP) {
 	t.Helper()
+	if cfg.Provider == nil {
+		cfg.Provider = &iwarp.Provider{} // never dials: the domain is the pure-Go provider's
+	}
 	tr := NewTransport("127.0.0.1:1", cfg)
 	t.Cleanup(func() { tr.Close() })
 	qp := &confQP{pd: tr.pd, sent: make(chan struct{}, 64)}
@@ -147,7 +151,7 @@ func confWords(b []byte, n int) []uint32 {
 // need, failing the test if it cannot.
 func confResolve(t *testing.T, c *conn, seg Segment, need verbs.Access) []byte {
 	t.Helper()
-	b, err := c.t.pd.Resolve(seg.Handle, need, seg.Offset, uint64(seg.Length))
+	b, err := iwarp.TableOf(c.t.pd).Resolve(seg.Handle, need, seg.Offset, uint64(seg.Length))
 	if err != nil {
 		t.Fatalf("segment %+v with access %v: %v", seg, need, err)
 	}
@@ -159,10 +163,10 @@ func confResolve(t *testing.T, c *conn, seg Segment, need verbs.Access) []byte {
 func confExactly(t *testing.T, c *conn, seg Segment, allowed, denied verbs.Access) {
 	t.Helper()
 	confResolve(t, c, seg, allowed)
-	if _, err := c.t.pd.Resolve(seg.Handle, allowed, seg.Offset, uint64(seg.Length)+1); !errors.Is(err, verbs.ErrBounds) {
+	if _, err := iwarp.TableOf(c.t.pd).Resolve(seg.Handle, allowed, seg.Offset, uint64(seg.Length)+1); !errors.Is(err, verbs.ErrBounds) {
 		t.Errorf("one byte past segment %+v: %v, want ErrBounds", seg, err)
 	}
-	if _, err := c.t.pd.Resolve(seg.Handle, denied, seg.Offset, 1); !errors.Is(err, verbs.ErrAccess) {
+	if _, err := iwarp.TableOf(c.t.pd).Resolve(seg.Handle, denied, seg.Offset, 1); !errors.Is(err, verbs.ErrAccess) {
 		t.Errorf("segment %+v with access %v: %v, want ErrAccess", seg, denied, err)
 	}
 }
@@ -462,7 +466,7 @@ func TestConformanceFailedInvalidateClosesFirst(t *testing.T) {
 	seg := r.hdr.Writes[0][0]
 	r.done = make(chan struct{})
 	c.pending[81], c.inflight = r, 1
-	_, mr, err := c.t.pd.Begin(seg.Handle, verbs.AccessRemoteWrite, seg.Offset, 1) // a placement that stalls
+	_, mr, err := iwarp.TableOf(c.t.pd).Begin(seg.Handle, verbs.AccessRemoteWrite, seg.Offset, 1) // a placement that stalls
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +489,7 @@ func TestConformanceFailedInvalidateClosesFirst(t *testing.T) {
 	if !errors.Is(c.err, oncrpc.ErrConnection) {
 		t.Fatalf("connection error %v", c.err)
 	}
-	if _, err := c.t.pd.Resolve(seg.Handle, verbs.AccessRemoteWrite, seg.Offset, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+	if _, err := iwarp.TableOf(c.t.pd).Resolve(seg.Handle, verbs.AccessRemoteWrite, seg.Offset, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("the Write chunk after the failed invalidation: %v", err)
 	}
 }

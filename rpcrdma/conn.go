@@ -302,7 +302,7 @@ func (c *conn) teardown(err error, pending map[uint32]*req) {
 	// Closing the queue pair ends placements in progress, so the
 	// invalidations below cannot stall (RFC 8166 s8.1).
 	c.qp.Close()
-	if cb, ok := c.qp.(interface{ CopiedBytes() uint64 }); ok {
+	if cb, ok := c.qp.(verbs.CopyCounter); ok {
 		c.t.stats.provCopied.Add(cb.CopiedBytes())
 	}
 	close(c.qpClosed)

@@ -101,7 +101,7 @@ func newFakePeer(t testing.TB, opts peerOpts) *fakePeer {
 		opts.InlineRecv = 4096
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), peerTimeout)
-	fp := &fakePeer{t: t, opts: opts, pd: verbs.NewProtectionDomain(), pl: newPipeListener(), ctx: ctx, log: &syncBuffer{}}
+	fp := &fakePeer{t: t, opts: opts, pd: iwarp.NewProtectionDomain(), pl: newPipeListener(), ctx: ctx, log: &syncBuffer{}}
 	var priv []byte
 	if !opts.NoPrivateData {
 		priv = PrivateData{Version: privDataVersion, RemoteInvalidate: opts.RemoteInvalidate,

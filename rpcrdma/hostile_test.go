@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // The hostile-server suite: the fake peer (fakepeer_test.go) misbehaves
@@ -92,7 +93,7 @@ func requireFenced(t *testing.T, tr *Transport, segs []Segment, idle bool) {
 	for _, s := range segs {
 		for off := range uint64(s.Length) {
 			for _, need := range []verbs.Access{verbs.AccessRemoteRead, verbs.AccessRemoteWrite} {
-				if _, err := pd.Resolve(s.Handle, need, s.Offset+off, 1); err == nil {
+				if _, err := iwarp.TableOf(pd).Resolve(s.Handle, need, s.Offset+off, 1); err == nil {
 					t.Fatalf("STag %#x: byte %d still reachable with %v after the call returned", s.Handle, off, need)
 				}
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // failingHook is a registration hook (as a hardware provider has) whose
@@ -68,7 +69,7 @@ func (p hookedProvider) NewProtectionDomain() *verbs.ProtectionDomain { return p
 func TestHostileInvalidationFailure(t *testing.T) {
 	fp := newFakePeer(t, peerOpts{Credits: 4})
 	hook := &failingHook{stags: make(map[*verbs.MemoryRegion]uint32)}
-	tr := fp.transport(Config{Version: Version1, Provider: hookedProvider{fp.provider(), verbs.NewProtectionDomainWithHook(hook)}})
+	tr := fp.transport(Config{Version: Version1, Provider: hookedProvider{fp.provider(), iwarp.NewProtectionDomainWithHook(hook)}})
 	pc := warmUp(t, fp, tr)
 	ec := newExposedCall(t, tr, 95)
 	ch := goRoundTrip(fp.ctx, tr, ec.call)

@@ -477,7 +477,7 @@ func (t *Transport) Stats() Stats {
 		s.Peer, s.PeerAnnounced = c.neg.peer, c.neg.peerInit
 		dead := c.err != nil
 		c.mu.Unlock()
-		if cb, ok := c.qp.(interface{ CopiedBytes() uint64 }); ok && !dead {
+		if cb, ok := c.qp.(verbs.CopyCounter); ok && !dead {
 			s.BytesCopied += cb.CopiedBytes()
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // staleMarker fills the slab before the calls of TestHostileHardwareStaleBytes:
@@ -59,7 +60,7 @@ func TestHostileHardwareStaleBytes(t *testing.T) {
 	fp := newFakePeer(t, peerOpts{Credits: 4})
 	hook := &failingHook{stags: make(map[*verbs.MemoryRegion]uint32)}
 	tr := fp.transport(Config{Version: Version1, MemoryBytes: 8 << 20,
-		Provider: hookedProvider{fp.provider(), verbs.NewProtectionDomainWithHook(hook)}})
+		Provider: hookedProvider{fp.provider(), iwarp.NewProtectionDomainWithHook(hook)}})
 	pc := warmUp(t, fp, tr)
 	pool := tr.Buffers()
 	if pool.CountsPlacement() {

@@ -6,21 +6,19 @@ import (
 	"sync"
 )
 
-// maxIndex bounds the 24-bit STag index (the high bits of an STag).
-const maxIndex = 1 << 24
-
-// RegistrationHook lets a provider that registers memory with hardware
-// (verbs/ibverbs) mirror the registrations of a ProtectionDomain. Each
-// method returns the STag the hardware assigned. The pure-Go provider needs
-// no hook.
+// RegistrationHook is a provider's side of a protection domain: it
+// mirrors the domain's registrations where the provider keeps them (the
+// device for verbs/ibverbs, the software STag table for verbs/iwarp).
+// Register and Reregister return the STag the provider assigned.
 //
 // The methods run with the domain's lock held: they read the region
 // through HookBytes, HookAccess and IsFast, never through the locking
 // accessors. Register of a fast-registration region may return STag 0
 // ("no key yet"): such a region gets its key from Reregister
-// (FastRegister). Hardware assigns STag indexes itself and may reuse the
-// index of an invalidated region; the domain then forgets the stale
-// region's index.
+// (FastRegister). Invalidate stops new accesses at once and must not
+// wait; a provider whose accesses are in progress in software waits for
+// them in Quiesce (see Quiescer). A provider may reuse the index of an
+// invalidated region; the domain then forgets the stale region's index.
 type RegistrationHook interface {
 	Register(mr *MemoryRegion) (stag uint32, err error)
 	Reregister(mr *MemoryRegion) (stag uint32, err error)
@@ -28,52 +26,82 @@ type RegistrationHook interface {
 	Deregister(mr *MemoryRegion) error
 }
 
-// RemoteAddresser is implemented by a RegistrationHook whose hardware
-// names the first byte of a region by an address other than 0 (ibv_reg_mr
-// regions are addressed by virtual address). It runs with the domain's
-// lock held.
-type RemoteAddresser interface {
-	RemoteAddr(mr *MemoryRegion) uint64
-}
+// Optional capabilities of a RegistrationHook.
+type (
+	// RemoteAddresser is implemented by a hook whose hardware names the
+	// first byte of a region by an address other than 0 (ibv_reg_mr
+	// regions are addressed by virtual address). It runs with the
+	// domain's lock held.
+	RemoteAddresser interface {
+		RemoteAddr(mr *MemoryRegion) uint64
+	}
+	// Quiescer is implemented by a hook whose provider reads and writes
+	// registered memory in software for the peer (verbs/iwarp): Quiesce
+	// waits until no such access to mr is in progress, or ctx ends. The
+	// domain calls it without its lock, after Invalidate, so that once
+	// Invalidate returns no byte of the region is read or written for
+	// the peer any more (RFC 8166 s8.1).
+	Quiescer interface {
+		Quiesce(ctx context.Context, mr *MemoryRegion) error
+	}
+	// PlacementCounter is implemented by a hook whose provider may see
+	// the peer's writes land (verbs/iwarp). CountsPlacement reports
+	// whether it does (not when it stands in for hardware, which places
+	// data unseen); Placed then returns how many bytes from the region's
+	// start the peer wrote, without a gap, since it was last bound.
+	// Placed runs with the domain's lock held.
+	PlacementCounter interface {
+		CountsPlacement() bool
+		Placed(mr *MemoryRegion) uint64
+	}
+)
 
 // ProtectionDomain owns memory regions and the queue pairs that may use
-// them. It is safe for concurrent use.
+// them. It keeps the provider-neutral state of each region (its rights,
+// its STag, valid or not, what a fast-registration region is bound to);
+// the provider keeps the rest (RegistrationHook). A provider makes its
+// domains (DomainProvider). It is safe for concurrent use.
 type ProtectionDomain struct {
 	hook RegistrationHook
 
-	mu        sync.Mutex
-	idle      sync.Cond                // signalled when a region's provider accesses end
-	regions   map[uint32]*MemoryRegion // by STag index (stag >> 8)
-	nextIndex uint32
-	liveRem   int // valid regions with remote access
+	mu      sync.Mutex
+	regions map[uint32]*MemoryRegion // by STag index (stag >> 8)
+	liveRem int                      // valid regions with remote access
 }
 
-// NewProtectionDomain returns an empty protection domain.
+// NewProtectionDomain returns a protection domain that no provider backs:
+// regions get STags from a counter, and no queue pair can use them. It is
+// for bookkeeping; a transport makes its domain with its provider's
+// NewProtectionDomain (DomainProvider).
 func NewProtectionDomain() *ProtectionDomain {
-	pd := &ProtectionDomain{regions: make(map[uint32]*MemoryRegion), nextIndex: 1}
-	pd.idle.L = &pd.mu
-	return pd
+	return NewProtectionDomainWithHook(&counterHook{})
 }
 
 // NewProtectionDomainWithHook returns a protection domain whose
-// registrations are mirrored by hook.
+// registrations are mirrored by hook: a provider's domain.
 func NewProtectionDomainWithHook(hook RegistrationHook) *ProtectionDomain {
-	pd := NewProtectionDomain()
-	pd.hook = hook
-	return pd
+	return &ProtectionDomain{hook: hook, regions: make(map[uint32]*MemoryRegion)}
 }
 
-// HookOf returns the registration hook of pd (nil for a software domain),
-// so that a provider can tell its own domains.
+// HookOf returns the registration hook of pd, so that a provider can tell
+// its own domains.
 func HookOf(pd *ProtectionDomain) RegistrationHook { return pd.hook }
 
+// counterHook names the regions of a domain no provider backs.
+type counterHook struct{ next uint32 }
+
+func (h *counterHook) Register(*MemoryRegion) (uint32, error) {
+	h.next++
+	return h.next << 8, nil
+}
+func (h *counterHook) Reregister(mr *MemoryRegion) (uint32, error) { return h.Register(mr) }
+func (h *counterHook) Invalidate(*MemoryRegion) error              { return nil }
+func (h *counterHook) Deregister(*MemoryRegion) error              { return nil }
+
 // MemoryRegion is registered memory. Its STag (the iWARP name; lkey and
-// rkey in InfiniBand terms) is index<<8 | key; the 8-bit key changes on
-// every Reregister and FastRegister so a stale STag never matches again.
-// When a region has used all 256 keys of its index, the software domain
-// moves it to a fresh index (indexes are handed out round robin), so an
-// STag comes back only after some 2^32 bindings (RFC 8166 s8.1.2:
-// unpredictable, not reused handles).
+// rkey in InfiniBand terms) is index<<8 | key; the provider changes the
+// key on every Reregister and FastRegister so a stale STag never matches
+// again (RFC 8166 s8.1.2: unpredictable, not reused handles).
 //
 // A region is either registered memory of its own (RegisterMemory: the
 // transport's slab chunks, as ibv_reg_mr) or a fast-registration region
@@ -86,33 +114,13 @@ type MemoryRegion struct {
 	buf []byte
 
 	// Guarded by pd.mu.
-	access  Access
-	stag    uint32
-	valid   bool
-	dead    bool
-	fast    bool          // allocated by AllocFastReg
-	parent  *MemoryRegion // a fast-registration region's current target
-	offset  uint64        // where buf starts in parent
-	busy    int           // provider accesses in progress (Begin .. End)
-	waiters int           // Invalidate calls waiting for busy to drop
-	// aborters are the accesses in progress that an invalidation can
-	// stop (BeginAccess with an Aborter).
-	aborters []Aborter
-	// placed is how many bytes from the start the peer has written
-	// without a gap since the region was bound (EndAccess).
-	placed uint64
-}
-
-// Aborter is implemented by a provider whose access to a region can wait
-// for the peer: a placement whose payload the peer stalls, a Read
-// Response the peer does not take. An invalidation of the region calls
-// AbortAccess of each such access in progress, with the domain's lock
-// held; the provider then stops the transfer at once (and breaks the
-// connection, RFC 8166 s8.1.4) and ends the access, instead of letting the
-// invalidation wait for the peer. AbortAccess must not block and must not
-// call into the domain.
-type Aborter interface {
-	AbortAccess()
+	access Access
+	stag   uint32
+	valid  bool
+	dead   bool
+	fast   bool          // allocated by AllocFastReg
+	parent *MemoryRegion // a fast-registration region's current target
+	offset uint64        // where buf starts in parent
 }
 
 // RegisterMemory registers buf with the given access rights. The region is
@@ -148,30 +156,20 @@ func (pd *ProtectionDomain) AllocFastReg() (*MemoryRegion, error) {
 
 // addLocked gives mr an STag; called with pd.mu held.
 func (pd *ProtectionDomain) addLocked(mr *MemoryRegion) error {
-	if pd.hook != nil {
-		stag, err := pd.hook.Register(mr)
-		if err != nil {
-			return err
-		}
-		mr.stag = stag
-		if stag == 0 {
-			return nil // no key yet: indexed when Reregister gives one
-		}
-		return pd.indexLocked(mr)
-	} else {
-		idx, err := pd.allocIndex()
-		if err != nil {
-			return err
-		}
-		mr.stag = idx << 8
+	stag, err := pd.hook.Register(mr)
+	if err != nil {
+		return err
 	}
-	pd.regions[mr.stag>>8] = mr
-	return nil
+	mr.stag = stag
+	if stag == 0 {
+		return nil // no key yet: indexed when Reregister gives one
+	}
+	return pd.indexLocked(mr)
 }
 
-// indexLocked records mr under its hardware-assigned STag index. An
-// invalid region holding the index is forgotten (its key is dead and the
-// hardware reused the index); a valid one is an error.
+// indexLocked records mr under its STag index. An invalid region holding
+// the index is forgotten (its key is dead and the provider reused the
+// index); a valid one is an error.
 func (pd *ProtectionDomain) indexLocked(mr *MemoryRegion) error {
 	if other := pd.regions[mr.stag>>8]; other != nil && other != mr {
 		if other.valid {
@@ -189,21 +187,6 @@ func (pd *ProtectionDomain) unindexLocked(mr *MemoryRegion) {
 	}
 }
 
-// allocIndex finds a free STag index; called with pd.mu held.
-func (pd *ProtectionDomain) allocIndex() (uint32, error) {
-	for range maxIndex {
-		idx := pd.nextIndex
-		pd.nextIndex++
-		if pd.nextIndex >= maxIndex {
-			pd.nextIndex = 1
-		}
-		if pd.regions[idx] == nil {
-			return idx, nil
-		}
-	}
-	return 0, fmt.Errorf("all %d STag indexes in use", maxIndex-1)
-}
-
 // LiveRemoteRegions returns how many valid regions grant remote access: an
 // upper layer checks it is zero between calls (RFC 8166 s8.1: invalidate
 // every region before handing a reply up).
@@ -213,139 +196,31 @@ func (pd *ProtectionDomain) LiveRemoteRegions() int {
 	return pd.liveRem
 }
 
-// Resolve checks an access to [off, off+n) of the region named by stag
-// with the rights need, and returns that part of the region's memory.
-// Errors wrap ErrInvalidSTag, ErrAccess or ErrBounds. A provider that
-// then reads or writes the memory uses Begin instead, so that an
-// invalidation waits for it.
-func (pd *ProtectionDomain) Resolve(stag uint32, need Access, off, n uint64) ([]byte, error) {
-	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	mr, err := pd.lookupLocked(stag, need, off, n)
-	if err != nil {
-		return nil, err
-	}
-	return mr.buf[off : off+n : off+n], nil
-}
-
-// Begin is for providers: it checks an access like Resolve and marks the
-// region busy until End. Invalidating or deregistering the region waits
-// for End, so once Invalidate has returned no byte of the region can be
-// read or written for the peer any more, even by a placement that had
-// already started (RFC 8166 s8.1).
-func (pd *ProtectionDomain) Begin(stag uint32, need Access, off, n uint64) ([]byte, *MemoryRegion, error) {
-	return pd.BeginAccess(stag, need, off, n, nil)
-}
-
-// BeginAccess is Begin for an access that an invalidation may stop: until
-// EndAccess, invalidating the region calls a.AbortAccess (see Aborter).
-// A nil a makes it Begin.
-func (pd *ProtectionDomain) BeginAccess(stag uint32, need Access, off, n uint64, a Aborter) ([]byte, *MemoryRegion, error) {
-	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	mr, err := pd.lookupLocked(stag, need, off, n)
-	if err != nil {
-		return nil, nil, err
-	}
-	mr.busy++
-	if a != nil {
-		mr.aborters = append(mr.aborters, a)
-	}
-	return mr.buf[off : off+n : off+n], mr, nil
-}
-
-// Place is for providers: it checks an access like Begin and calls place
-// with the region's bytes while holding the domain's lock, for a
-// placement that cannot wait (a copy of bytes already received): an
-// invalidation cannot overlap it, and it costs one lock where Begin and
-// End take two. place must be short, must not block and must not call
-// into the domain; it returns how many bytes it placed at off (see
-// EndAccess and Placed), 0 if it failed. Place returns the lookup's
-// error, or place's.
-func (pd *ProtectionDomain) Place(stag uint32, need Access, off, n uint64, place func([]byte) (uint64, error)) error {
-	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	mr, err := pd.lookupLocked(stag, need, off, n)
-	if err != nil {
-		return err
-	}
-	placed, err := place(mr.buf[off : off+n : off+n])
-	mr.notePlacedLocked(off, placed)
-	return err
-}
-
-// End ends an access that Begin started.
-func (mr *MemoryRegion) End() { mr.EndAccess(nil, 0, 0) }
-
-// EndAccess ends an access that BeginAccess started with a. A provider
-// that wrote data of the peer into the region reports it as placed bytes
-// at off (0 for a read, or a write that did not complete), so that the
-// upper layer learns how much the peer really wrote (Placed).
-func (mr *MemoryRegion) EndAccess(a Aborter, off, placed uint64) {
-	mr.pd.mu.Lock()
-	if a != nil {
-		for i, x := range mr.aborters {
-			if x == a {
-				last := len(mr.aborters) - 1
-				mr.aborters[i] = mr.aborters[last]
-				mr.aborters[last] = nil
-				mr.aborters = mr.aborters[:last]
-				break
-			}
-		}
-	}
-	mr.notePlacedLocked(off, placed)
-	mr.busy--
-	if mr.busy == 0 && mr.waiters > 0 {
-		mr.pd.idle.Broadcast()
-	}
-	mr.pd.mu.Unlock()
-}
-
-// notePlacedLocked extends the region's gapless placed prefix by the
-// placed bytes at off; called with pd.mu held.
-func (mr *MemoryRegion) notePlacedLocked(off, placed uint64) {
-	if placed > 0 && off <= mr.placed && off+placed > mr.placed {
-		mr.placed = off + placed
-	}
-}
-
-// Placed returns how many bytes from the region's start the peer has
-// written, without a gap, since the region was registered or bound last
-// (RDMA Writes and Read Responses placed by a provider that reports them
-// with EndAccess). It stays readable after invalidation, until the region
-// is bound again: an upper layer checks a responder's claimed Write chunk
-// length against it (RFC 8166 s3.4.6: only bytes the responder wrote are
-// data). Writes that leave a gap are not counted beyond it. ok is false
-// when the domain cannot know: hardware (a domain with a
-// RegistrationHook) places data without the domain seeing it.
-func (mr *MemoryRegion) Placed() (n uint64, ok bool) {
-	mr.pd.mu.Lock()
-	defer mr.pd.mu.Unlock()
-	return mr.placed, mr.pd.hook == nil
-}
-
 // CountsPlacement reports whether the domain learns how many bytes the
 // peer placed in its regions (MemoryRegion.Placed): true for the software
 // provider, false for hardware, whose device places data without the
 // domain seeing it. An upper layer that cannot count placed bytes clears a
 // buffer before it exposes it for remote write, so that bytes the peer
 // claims but did not write are zeros, never earlier contents.
-func (pd *ProtectionDomain) CountsPlacement() bool { return pd.hook == nil }
+func (pd *ProtectionDomain) CountsPlacement() bool {
+	pc, ok := pd.hook.(PlacementCounter)
+	return ok && pc.CountsPlacement()
+}
 
-func (pd *ProtectionDomain) lookupLocked(stag uint32, need Access, off, n uint64) (*MemoryRegion, error) {
-	mr := pd.regions[stag>>8]
-	if mr == nil || mr.stag != stag || !mr.valid {
-		return nil, fmt.Errorf("STag %#08x: %w", stag, ErrInvalidSTag)
+// Placed returns how many bytes from the region's start the peer has
+// written, without a gap, since the region was registered or bound last,
+// as the provider saw them land (PlacementCounter). It stays readable
+// after invalidation, until the region is bound again: an upper layer
+// checks a responder's claimed Write chunk length against it (RFC 8166
+// s3.4.6: only bytes the responder wrote are data). ok is false when the
+// provider cannot know: hardware places data unseen.
+func (mr *MemoryRegion) Placed() (n uint64, ok bool) {
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	if pc, is := mr.pd.hook.(PlacementCounter); is && pc.CountsPlacement() {
+		return pc.Placed(mr), true
 	}
-	if mr.access&need != need {
-		return nil, fmt.Errorf("STag %#08x has %v, needs %v: %w", stag, mr.access, need, ErrAccess)
-	}
-	size := uint64(len(mr.buf))
-	if off > size || n > size-off {
-		return nil, fmt.Errorf("STag %#08x: [%d, +%d) outside %d bytes: %w", stag, off, n, size, ErrBounds)
-	}
-	return mr, nil
+	return 0, false
 }
 
 // InvalidateRemote is for providers: it performs the invalidation a
@@ -371,45 +246,21 @@ func (mr *MemoryRegion) invalidateLocked() error {
 	if !mr.valid {
 		return nil
 	}
-	if mr.pd.hook != nil {
-		if err := mr.pd.hook.Invalidate(mr); err != nil {
-			return fmt.Errorf("verbs: invalidate STag %#08x: %w", mr.stag, err)
-		}
+	if err := mr.pd.hook.Invalidate(mr); err != nil {
+		return fmt.Errorf("verbs: invalidate STag %#08x: %w", mr.stag, err)
 	}
 	mr.valid = false
 	if mr.access.Remote() {
 		mr.pd.liveRem--
 	}
-	// RFC 8166 s8.1.3: once invalid, no byte may be read or written for
-	// the peer any more; accesses waiting for the peer stop now rather
-	// than when the peer goes on.
-	for _, a := range mr.aborters {
-		a.AbortAccess()
-	}
 	return nil
 }
 
-// waitIdleLocked waits until no provider access to mr is in progress, or
-// ctx ends; called with pd.mu held.
-func (mr *MemoryRegion) waitIdleLocked(ctx context.Context) error {
-	if mr.busy == 0 {
-		return nil
-	}
-	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, func() {
-			mr.pd.mu.Lock()
-			mr.pd.idle.Broadcast()
-			mr.pd.mu.Unlock()
-		})
-		defer stop()
-	}
-	mr.waiters++
-	defer func() { mr.waiters-- }()
-	for mr.busy > 0 {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("verbs: STag %#08x still in use by the provider: %w", mr.stag, err)
-		}
-		mr.pd.idle.Wait()
+// quiesce waits, without the domain's lock, until the provider's accesses
+// to mr in progress have ended (Quiescer), or ctx ends.
+func (mr *MemoryRegion) quiesce(ctx context.Context) error {
+	if q, ok := mr.pd.hook.(Quiescer); ok {
+		return q.Quiesce(ctx, mr)
 	}
 	return nil
 }
@@ -480,9 +331,9 @@ func (mr *MemoryRegion) Local(need Access, off uint64, n uint32) ([]byte, error)
 // Invalidate invalidates the region locally: its STag stops working for
 // both sides until it is registered again, and Invalidate waits until
 // provider accesses already in progress have ended. An access that waits
-// for the peer is stopped at once if the provider registered an Aborter
-// (the iWARP provider does); otherwise it stalls while the peer stalls a
-// transfer, and closing the queue pair ends it (see InvalidateContext).
+// for the peer is stopped at once where the provider can (the iWARP
+// provider does); otherwise it stalls while the peer stalls a transfer,
+// and closing the queue pair ends it (see InvalidateContext).
 // Invalidating an invalid region only waits.
 func (mr *MemoryRegion) Invalidate() error {
 	return mr.InvalidateContext(context.Background())
@@ -494,28 +345,30 @@ func (mr *MemoryRegion) Invalidate() error {
 // before a later Invalidate returns nil (after closing the queue pair).
 func (mr *MemoryRegion) InvalidateContext(ctx context.Context) error {
 	mr.pd.mu.Lock()
-	defer mr.pd.mu.Unlock()
 	if mr.dead {
+		mr.pd.mu.Unlock()
 		return fmt.Errorf("verbs: invalidate: %w", ErrClosed)
 	}
-	if err := mr.invalidateLocked(); err != nil {
+	err := mr.invalidateLocked()
+	mr.pd.mu.Unlock()
+	if err != nil {
 		return err
 	}
-	return mr.waitIdleLocked(ctx)
+	return mr.quiesce(ctx)
 }
 
 // Reregister makes the region valid again with new access rights and a new
 // STag key, and returns the new STag.
 func (mr *MemoryRegion) Reregister(access Access) (uint32, error) {
+	if err := mr.InvalidateContext(context.Background()); err != nil {
+		return 0, fmt.Errorf("verbs: reregister: %w", err)
+	}
 	mr.pd.mu.Lock()
 	defer mr.pd.mu.Unlock()
 	if mr.dead || mr.fast {
 		return 0, fmt.Errorf("verbs: reregister: %w", ErrClosed)
 	}
-	if err := mr.invalidateLocked(); err != nil {
-		return 0, err
-	}
-	if err := mr.waitIdleLocked(context.Background()); err != nil {
+	if err := mr.invalidateLocked(); err != nil { // bound again meanwhile
 		return 0, err
 	}
 	return mr.rekeyLocked(access)
@@ -525,28 +378,15 @@ func (mr *MemoryRegion) Reregister(access Access) (uint32, error) {
 func (mr *MemoryRegion) rekeyLocked(access Access) (uint32, error) {
 	old := mr.stag
 	mr.access = access
-	if mr.pd.hook != nil {
-		stag, err := mr.pd.hook.Reregister(mr)
-		if err != nil {
-			return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
-		}
-		mr.pd.unindexLocked(mr)
-		mr.stag = stag
-		if err := mr.pd.indexLocked(mr); err != nil {
-			return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
-		}
-	} else if key := (old + 1) & 0xff; key != 0 {
-		mr.stag = old&^0xff | key
-	} else if idx, err := mr.pd.allocIndex(); err == nil {
-		// Every key of this index was used: a fresh index keeps a
-		// stale STag from matching again (RFC 8166 s8.1.2).
-		mr.pd.unindexLocked(mr)
-		mr.stag = idx << 8
-		mr.pd.regions[idx] = mr
-	} else {
-		mr.stag = old &^ 0xff // no free index: the key wraps
+	stag, err := mr.pd.hook.Reregister(mr)
+	if err != nil {
+		return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
 	}
-	mr.placed = 0
+	mr.pd.unindexLocked(mr)
+	mr.stag = stag
+	if err := mr.pd.indexLocked(mr); err != nil {
+		return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
+	}
 	mr.valid = true
 	if access.Remote() {
 		mr.pd.liveRem++
@@ -557,8 +397,9 @@ func (mr *MemoryRegion) rekeyLocked(access Access) (uint32, error) {
 // FastRegister binds the fast-registration region mr to exactly the n
 // bytes at off in the registered region target, with access, under a new
 // STag key, and returns that STag (a fast-register work request,
-// IB_WR_REG_MR). mr must be invalid: bound regions are invalidated
-// before they are bound again, as FRWR requires.
+// IB_WR_REG_MR). mr must be invalid, and no access of the provider to it
+// may be in progress: bound regions are invalidated before they are bound
+// again, as FRWR requires.
 func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, access Access) (uint32, error) {
 	if target == nil || target.pd != mr.pd {
 		return 0, fmt.Errorf("verbs: fast register: target of another protection domain: %w", ErrInvalidWR)
@@ -568,16 +409,21 @@ func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, ac
 	switch {
 	case !mr.fast || mr.dead:
 		return 0, fmt.Errorf("verbs: fast register STag %#08x: not a fast-registration region: %w", mr.stag, ErrInvalidWR)
-	case mr.valid || mr.busy > 0:
+	case mr.valid:
 		return 0, fmt.Errorf("verbs: fast register STag %#08x: still bound: %w", mr.stag, ErrInvalidWR)
 	case target.dead || target.fast:
 		return 0, fmt.Errorf("verbs: fast register: target is not registered memory: %w", ErrInvalidSTag)
 	case n <= 0 || off > uint64(len(target.buf)) || uint64(n) > uint64(len(target.buf))-off:
 		return 0, fmt.Errorf("verbs: fast register [%d, +%d) of a %d-byte region: %w", off, n, len(target.buf), ErrBounds)
 	}
+	parent, offset, buf := mr.parent, mr.offset, mr.buf
 	mr.parent, mr.offset = target, off
 	mr.buf = target.buf[off : off+uint64(n) : off+uint64(n)]
-	return mr.rekeyLocked(access)
+	stag, err := mr.rekeyLocked(access)
+	if err != nil {
+		mr.parent, mr.offset, mr.buf = parent, offset, buf
+	}
+	return stag, err
 }
 
 // RemoteAddr returns the address a peer names the region's first byte by
@@ -601,6 +447,10 @@ func (mr *MemoryRegion) HookBytes() []byte { return mr.buf }
 // domain's lock held): the region's access rights.
 func (mr *MemoryRegion) HookAccess() Access { return mr.access }
 
+// HookSTag is for RegistrationHook implementations (called with the
+// domain's lock held): the region's STag before the call.
+func (mr *MemoryRegion) HookSTag() uint32 { return mr.stag }
+
 // IsFast reports whether the region was made by AllocFastReg. It does not
 // lock (the property never changes).
 func (mr *MemoryRegion) IsFast() bool { return mr.fast }
@@ -617,20 +467,28 @@ func (mr *MemoryRegion) Offset() uint64 {
 // progress, and releases its STag for good.
 func (mr *MemoryRegion) Deregister() error {
 	mr.pd.mu.Lock()
+	if mr.dead {
+		mr.pd.mu.Unlock()
+		return nil
+	}
+	err := mr.invalidateLocked()
+	mr.pd.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := mr.quiesce(context.Background()); err != nil {
+		return err
+	}
+	mr.pd.mu.Lock()
 	defer mr.pd.mu.Unlock()
 	if mr.dead {
 		return nil
 	}
-	if err := mr.invalidateLocked(); err != nil {
+	if err := mr.invalidateLocked(); err != nil { // bound again meanwhile
 		return err
 	}
-	if err := mr.waitIdleLocked(context.Background()); err != nil {
-		return err
-	}
-	if mr.pd.hook != nil {
-		if err := mr.pd.hook.Deregister(mr); err != nil {
-			return fmt.Errorf("verbs: deregister STag %#08x: %w", mr.stag, err)
-		}
+	if err := mr.pd.hook.Deregister(mr); err != nil {
+		return fmt.Errorf("verbs: deregister STag %#08x: %w", mr.stag, err)
 	}
 	mr.dead = true
 	mr.buf, mr.parent = nil, nil

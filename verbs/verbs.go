@@ -10,11 +10,16 @@
 // key (SGE), and completion queues are an interface each provider
 // implements. A provider (the pure-Go iWARP provider in verbs/iwarp, or a
 // cgo rdma-core provider) implements Provider, QueuePair, Listener and
-// CompletionQueue; ProtectionDomain and MemoryRegion are shared.
+// CompletionQueue, and keeps its side of each registration behind a
+// RegistrationHook (the device's memory translation, or the pure-Go
+// provider's STag table); ProtectionDomain and MemoryRegion are the
+// shared, provider-neutral API. Optional capabilities are small interfaces
+// a provider's types may implement: RemoteAddresser, Quiescer and
+// PlacementCounter (of a hook), CopyCounter (of a queue pair).
 //
 // A short example with the iWARP provider:
 //
-//	pd := verbs.NewProtectionDomain()
+//	pd := iwarp.NewProtectionDomain()
 //	mem, _ := pd.RegisterMemory(buf, verbs.AccessLocalWrite) // buf: memory the caller owns
 //	qp, err := iwarp.Dial(ctx, "server:20049", &verbs.ConnParams{PD: pd, PrivateData: pdata})
 //	if err != nil { ... }
@@ -293,21 +298,30 @@ type CompletionQueue interface {
 	TryPoll(out []Completion) int
 }
 
-// Provider creates queue pairs; a transport holds one to stay provider
-// neutral.
+// Provider creates protection domains and queue pairs; a transport holds
+// one to stay provider neutral.
 type Provider interface {
 	// Dial connects to addr (active side).
 	Dial(ctx context.Context, addr string, p *ConnParams) (QueuePair, error)
 	// Listen listens on addr (passive side).
 	Listen(addr string, p *ConnParams) (Listener, error)
+	DomainProvider
 }
 
-// DomainProvider is implemented by a Provider whose memory regions must be
-// registered with its device (verbs/ibverbs): a transport makes its
-// protection domain with NewProtectionDomain instead of the package-level
-// NewProtectionDomain, before it registers any memory.
+// DomainProvider makes protection domains (ibv_alloc_pd): the provider
+// keeps its side of every registration (RegistrationHook), on the device
+// (verbs/ibverbs) or in a software STag table (verbs/iwarp), and its queue
+// pairs accept only its own domains. A transport makes its domain with it
+// before it registers any memory.
 type DomainProvider interface {
 	NewProtectionDomain() *ProtectionDomain
+}
+
+// CopyCounter is implemented by a QueuePair whose provider copies received
+// payload on its way to registered memory (the pure-Go provider's buffered
+// reader): CopiedBytes returns how many bytes it copied so far.
+type CopyCounter interface {
+	CopiedBytes() uint64
 }
 
 // Sentinel errors; test them with errors.Is.

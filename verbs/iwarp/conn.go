@@ -73,6 +73,9 @@ func newParams(p *verbs.ConnParams) *params {
 	}
 	r := &params{pd: p.PD, pdata: p.PrivateData, ird: p.IRD, ord: p.ORD,
 		crc: p.CRC, maxULPDU: p.MaxSegment, onConnect: p.OnConnect, setup: p.Setup}
+	if p.PD != nil && TableOf(p.PD) == nil {
+		r.err = fmt.Errorf("iwarp: protection domain not made by this provider (iwarp.NewProtectionDomain): %w", verbs.ErrInvalidWR)
+	}
 	for _, cq := range []struct {
 		in  verbs.CompletionQueue
 		out **verbs.SoftCQ

@@ -254,7 +254,7 @@ func TestFastRegWindowExact(t *testing.T) {
 		{"read after rebinding", access{false, 0, 1}, "rebound", RDMAPCodeInvalidSTag},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pd := verbs.NewProtectionDomain()
+			pd := NewProtectionDomain()
 			qp, peer := newScriptPeer(t, &verbs.ConnParams{PD: pd})
 			parentBuf := make([]byte, guard+window+guard)
 			fillGuard(parentBuf)

@@ -140,7 +140,7 @@ func FuzzReceive(f *testing.F) {
 	f.Add(true, send)
 	f.Add(false, []byte{0, 1, 2, 3})
 	f.Fuzz(func(t *testing.T, crc bool, data []byte) {
-		pd := verbs.NewProtectionDomain()
+		pd := NewProtectionDomain()
 		backing := make([]byte, 300)
 		mr1, _ := pd.RegisterMemory(backing[100:200], verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
 		mr2, _ := pd.RegisterMemory(backing[0:16], verbs.AccessLocalWrite)
@@ -148,7 +148,7 @@ func FuzzReceive(f *testing.F) {
 			t.Fatalf("stags %#x %#x", mr1.STag(), mr2.STag())
 		}
 		recv := make([]byte, 300)
-		q := &QP{br: bufio.NewReader(bytes.NewReader(data)), pd: pd, crc: crc, ird: 2,
+		q := &QP{br: bufio.NewReader(bytes.NewReader(data)), pd: TableOf(pd), crc: crc, ird: 2,
 			scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 2)}
 		q.cond.L = &q.mu
 		q.rq.push(recvEntry{wrid: 1, buf: recv[0:50]})

@@ -30,7 +30,7 @@ func TestInvalidateStopsStalledPlacement(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			ctx := testCtx(t)
-			pd := verbs.NewProtectionDomain()
+			pd := NewProtectionDomain()
 			onPlace, placing := signal(nil)
 			qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, onPlace, nil))
 			const guard = 4096
@@ -136,7 +136,7 @@ func TestInvalidateStopsReadResponse(t *testing.T) {
 
 func testInvalidateStopsReadResponse(t *testing.T, inline bool) {
 	ctx := testCtx(t)
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	onServe, serving := signal(nil)
 	if inline {
 		onServe = nil // a test hook keeps reads off the inline path
@@ -202,7 +202,7 @@ func testInvalidateStopsReadResponse(t *testing.T, inline bool) {
 // inbound reads never grows past IRD.
 func TestInboundReadsBoundedByIRD(t *testing.T) {
 	ctx := testCtx(t)
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	release := make(chan struct{})
 	defer close(release)
 	onServe, serving := signal(release) // the responder stalls on the first read
@@ -238,7 +238,7 @@ func TestInboundReadsBoundedByIRD(t *testing.T) {
 // with ErrQueueFull, and posting works again once a request completes.
 // The queue pair stays usable throughout.
 func TestSendQueueBounded(t *testing.T) {
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	qp, peer := newScriptPeer(t, hookParams(pd, 0, 1, nil, nil))
 	sinkBuf := make([]byte, sendQueueDepth)
 	sink := reg(t, pd, sinkBuf, verbs.AccessLocalWrite)

@@ -74,7 +74,7 @@ func TestSendWithInvalidate(t *testing.T) {
 	if err != nil || nw == old || nw>>8 != old>>8 || s.PD().LiveRemoteRegions() != 1 {
 		t.Fatalf("reregister: %#x -> %#x, %v", old, nw, err)
 	}
-	if _, err := s.PD().Resolve(old, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+	if _, err := TableOf(s.PD()).Resolve(old, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("old STag resolves: %v", err)
 	}
 	// Solicited variant (opcode 6).
@@ -467,7 +467,7 @@ func TestCloseFlushes(t *testing.T) {
 // with ErrInvalidWR and leave the queue pair working.
 func TestPostSendInvalid(t *testing.T) {
 	c, s := pair(t, nil, nil)
-	other := reg(t, verbs.NewProtectionDomain(), make([]byte, 8), verbs.AccessLocalWrite)
+	other := reg(t, NewProtectionDomain(), make([]byte, 8), verbs.AccessLocalWrite)
 	own := reg(t, c.PD(), make([]byte, 8), verbs.AccessLocalWrite)
 	readOnly := reg(t, c.PD(), make([]byte, 8), verbs.AccessRemoteRead)
 	dead := reg(t, c.PD(), make([]byte, 8), verbs.AccessLocalWrite)

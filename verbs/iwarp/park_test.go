@@ -61,7 +61,7 @@ func TestParkedRead(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			pd := verbs.NewProtectionDomain()
+			pd := NewProtectionDomain()
 			qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
 			const regionSize = 1 << 20
 			data := randBytes(regionSize, 31)

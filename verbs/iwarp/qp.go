@@ -70,7 +70,7 @@ type QP struct {
 	conn     net.Conn
 	br       *bufio.Reader
 	w        fpduWriter
-	pd       *verbs.ProtectionDomain
+	pd       *STagTable // the protection domain's
 	scq, rcq *verbs.SoftCQ
 	ownRCQ   bool // rcq is the queue pair's own (SetRecvHandler)
 	crc      bool
@@ -151,11 +151,14 @@ type QP struct {
 	txBatch          []sqEntry
 }
 
-var _ verbs.QueuePair = (*QP)(nil)
+var (
+	_ verbs.QueuePair   = (*QP)(nil)
+	_ verbs.CopyCounter = (*QP)(nil)
+)
 
 func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 	q := &QP{
-		conn: conn, br: br, pd: p.pd, scq: p.scq, rcq: p.rcq,
+		conn: conn, br: br, pd: TableOf(p.pd), scq: p.scq, rcq: p.rcq,
 		crc: n.crc, ird: n.ird, ord: n.ord, maxULPDU: p.maxULPDU, peerPD: n.peerPD, kick: n.active,
 		done:        make(chan struct{}),
 		irq:         make(chan readRequest, max(n.ird, 1)),
@@ -165,7 +168,7 @@ func newQP(conn net.Conn, br *bufio.Reader, n negotiated, p *params) *QP {
 		sendMSN:     1, readMSN: 1,
 	}
 	if q.pd == nil {
-		q.pd = verbs.NewProtectionDomain()
+		q.pd = TableOf(NewProtectionDomain())
 	}
 	if q.scq == nil {
 		q.scq = verbs.NewSoftCQ()
@@ -219,7 +222,7 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 		e.byteLen = uint32(n)
 		for i, sge := range wr.SGL {
 			b, err := localSGE(sge, 0)
-			if err == nil && sge.MR.PD() != q.pd {
+			if err == nil && sge.MR.PD() != q.pd.pd {
 				err = errOtherPD
 			}
 			if err != nil {
@@ -233,7 +236,7 @@ func (q *QP) PostSend(wr verbs.SendWR) error {
 		if len(wr.SGL) != 1 || wr.SGL[0].Length != wr.Length {
 			return fmt.Errorf("iwarp: post RDMA Read: the sink must be one SGE of the read's %d bytes: %w", wr.Length, verbs.ErrInvalidWR)
 		}
-		if _, err := localSGE(wr.SGL[0], verbs.AccessLocalWrite); err != nil || wr.SGL[0].MR.PD() != q.pd {
+		if _, err := localSGE(wr.SGL[0], verbs.AccessLocalWrite); err != nil || wr.SGL[0].MR.PD() != q.pd.pd {
 			return fmt.Errorf("iwarp: post RDMA Read: sink region missing, of another PD or without local write access: %w: %v", verbs.ErrInvalidWR, err)
 		}
 		if q.ord == 0 {
@@ -301,7 +304,7 @@ func (q *QP) PostRecv(wr verbs.RecvWR) error {
 		return fmt.Errorf("iwarp: post receive with %d SGEs (the provider places a Send into one): %w", len(wr.SGL), verbs.ErrInvalidWR)
 	}
 	buf, err := localSGE(wr.SGL[0], verbs.AccessLocalWrite)
-	if err == nil && wr.SGL[0].MR.PD() != q.pd {
+	if err == nil && wr.SGL[0].MR.PD() != q.pd.pd {
 		err = errOtherPD
 	}
 	if err != nil {
@@ -420,7 +423,7 @@ func (q *QP) SendCQ() verbs.CompletionQueue { return q.scq }
 func (q *QP) RecvCQ() verbs.CompletionQueue { return q.rcq }
 
 // PD implements verbs.QueuePair.
-func (q *QP) PD() *verbs.ProtectionDomain { return q.pd }
+func (q *QP) PD() *verbs.ProtectionDomain { return q.pd.pd }
 
 // PeerPrivateData implements verbs.QueuePair.
 func (q *QP) PeerPrivateData() []byte { return q.peerPD }

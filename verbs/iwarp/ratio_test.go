@@ -253,7 +253,7 @@ func (r *replayReader) Read(p []byte) (int, error) {
 //	go test -run '^$' -bench ReceiveSmallFPDUs ./verbs/iwarp
 func BenchmarkReceiveSmallFPDUs(b *testing.B) {
 	const size = 1 << 20
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	dst := reg(b, pd, make([]byte, size), verbs.AccessRemoteWrite)
 	var st []byte
 	for off := 0; off < size; {
@@ -264,7 +264,7 @@ func BenchmarkReceiveSmallFPDUs(b *testing.B) {
 	b.SetBytes(size)
 	b.ReportAllocs()
 	b.ResetTimer()
-	q := &QP{br: bufio.NewReaderSize(&replayReader{stream: st, off: len(st), n: b.N}, readerSize), pd: pd,
+	q := &QP{br: bufio.NewReaderSize(&replayReader{stream: st, off: len(st), n: b.N}, readerSize), pd: TableOf(pd),
 		scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ()}
 	q.cond.L = &q.mu
 	if err := q.receive(&rxState{sendMSN: 1, readMSN: 1}); !errors.Is(err, io.EOF) {

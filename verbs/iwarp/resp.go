@@ -33,7 +33,7 @@ type inlineResp struct {
 	active bool
 	rr     readRequest
 	src    []byte // the requested bytes of the region
-	mr     *verbs.MemoryRegion
+	mr     *Region
 	off    int // bytes of src added to the writer
 	// bad: the region cannot be read; the responder goroutine sends
 	// this Terminate (a Read Request a poster took, parkRead).
@@ -268,7 +268,7 @@ func (q *QP) afterRespond(kick bool, err error) {
 // be read, nothing was written. err: a write failed (afterRespond).
 func (q *QP) respondLocked(rr readRequest) (kick bool, aerr, err error) {
 	var src []byte
-	var mr *verbs.MemoryRegion
+	var mr *Region
 	if rr.size > 0 {
 		q.inlStop.prepare()
 		src, mr, aerr = q.pd.BeginAccess(rr.srcSTag, verbs.AccessRemoteRead, rr.srcTO, uint64(rr.size), &q.inlStop)

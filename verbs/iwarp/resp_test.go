@@ -31,7 +31,7 @@ func waitHandoff(ctx context.Context, t *testing.T, qp *QP) {
 // the region's bytes, in request order (RFC 5040 s5).
 func TestLargeReadInlineHandoff(t *testing.T) {
 	ctx := testCtx(t)
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
 	if err := qp.conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
 		t.Fatal(err)

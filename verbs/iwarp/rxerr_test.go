@@ -17,9 +17,9 @@ import (
 // remote access.
 func rxOnly(t *testing.T, stream []byte, crc bool) (*QP, *verbs.MemoryRegion) {
 	t.Helper()
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	mr, _ := pd.RegisterMemory(make([]byte, 64), verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
-	q := &QP{br: bufio.NewReader(bytes.NewReader(stream)), pd: pd, crc: crc, ird: 1,
+	q := &QP{br: bufio.NewReader(bytes.NewReader(stream)), pd: TableOf(pd), crc: crc, ird: 1,
 		scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
 	q.cond.L = &q.mu
 	q.rq.push(recvEntry{wrid: 1, buf: make([]byte, 64)})

@@ -76,7 +76,7 @@ const rxGuard = 4096
 
 func newRxEnv(t testing.TB, reads ...uint32) *rxEnv {
 	t.Helper()
-	e := &rxEnv{pd: verbs.NewProtectionDomain(), reads: reads}
+	e := &rxEnv{pd: NewProtectionDomain(), reads: reads}
 	for _, r := range reads {
 		e.total += int(r)
 	}
@@ -119,7 +119,7 @@ func (c *byteConn) SetReadDeadline(time.Time) error { return nil }
 func (e *rxEnv) run(t testing.TB, stream []byte, crc, sock bool) rxOutcome {
 	t.Helper()
 	fillGuard(e.sink.Bytes())
-	q := &QP{pd: e.pd, crc: crc, ird: 1, scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
+	q := &QP{pd: TableOf(e.pd), crc: crc, ird: 1, scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
 	q.cond.L = &q.mu
 	q.rxStop.q = q
 	for i, size := range e.reads {
@@ -374,7 +374,7 @@ func TestSocketInvalidate(t *testing.T) {
 	e.respond(s, 0, data, repeatSize(seg, 8)...)
 	const early = 2*(2+taggedHdrLen+seg+4) + 2 + taggedHdrLen + 1000 // 1000 bytes into the third payload
 	fillGuard(e.sink.Bytes())
-	q := &QP{pd: e.pd, ird: 1, scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
+	q := &QP{pd: TableOf(e.pd), ird: 1, scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
 	q.cond.L = &q.mu
 	q.rxStop.q = q
 	q.sq.push(sqEntry{wr: verbs.SendWR{WRID: 1, Opcode: verbs.OpRDMARead}})

@@ -6,7 +6,7 @@ import (
 )
 
 // stopper lets an invalidation stop an access to registered memory that
-// waits for the peer (verbs.Aborter): the receive side's placement of a
+// waits for the peer (Aborter): the receive side's placement of a
 // tagged segment whose payload the peer stalls, and the responder's Read
 // Response that the peer does not take. Without it, invalidating the
 // region would wait until the peer goes on, and the late bytes would
@@ -28,7 +28,7 @@ type stopper struct {
 	stopped bool // an invalidation stopped the access
 }
 
-// AbortAccess implements verbs.Aborter.
+// AbortAccess implements Aborter.
 func (s *stopper) AbortAccess() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

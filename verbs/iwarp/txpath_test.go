@@ -16,7 +16,7 @@ import (
 // posted meanwhile queue behind it. The peer receives every FPDU intact
 // and in posting order, and the completions come in posting order.
 func TestPostDirectHandoff(t *testing.T) {
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	sp := hookParams(pd, 0, 0, nil, nil)
 	sp.Setup = func(qp verbs.QueuePair) error {
 		// A small send buffer: the direct write cannot finish.
@@ -83,7 +83,7 @@ func TestPostDirectHandoff(t *testing.T) {
 // then another large Write, arrives cut at every point of its header; each
 // is placed and completed exactly once.
 func TestReceiveHeaderPrefetchSplits(t *testing.T) {
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
 	const big = directMin
 	region := make([]byte, 2*big)
@@ -136,7 +136,7 @@ func TestReceiveHeaderPrefetchSplits(t *testing.T) {
 // the writer. Once the peer reads, the Send arrives, whole and once.
 func TestPostDoesNotWaitForStalledResponse(t *testing.T) {
 	ctx := testCtx(t)
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
 	const size = 16 << 20 // more than the socket buffers hold
 	src := reg(t, pd, make([]byte, size), verbs.AccessRemoteRead)
@@ -195,7 +195,7 @@ func TestPostDoesNotWaitForStalledResponse(t *testing.T) {
 // writer is often busy or the socket full.
 func TestZeroLengthReadsInOrder(t *testing.T) {
 	ctx := testCtx(t)
-	pd := verbs.NewProtectionDomain()
+	pd := NewProtectionDomain()
 	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
 	if err := qp.conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
 		t.Fatal(err)
