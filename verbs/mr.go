@@ -360,8 +360,18 @@ func (mr *MemoryRegion) InvalidateContext(ctx context.Context) error {
 // Reregister makes the region valid again with new access rights and a new
 // STag key, and returns the new STag.
 func (mr *MemoryRegion) Reregister(access Access) (uint32, error) {
-	if err := mr.InvalidateContext(context.Background()); err != nil {
-		return 0, fmt.Errorf("verbs: reregister: %w", err)
+	mr.pd.mu.Lock()
+	if mr.dead || mr.fast {
+		mr.pd.mu.Unlock()
+		return 0, fmt.Errorf("verbs: reregister: %w", ErrClosed)
+	}
+	err := mr.invalidateLocked()
+	mr.pd.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if err := mr.quiesce(context.Background()); err != nil {
+		return 0, err
 	}
 	mr.pd.mu.Lock()
 	defer mr.pd.mu.Unlock()
