@@ -25,6 +25,9 @@ import (
 //
 //   - the verbs conformance suite (TestGuestConformance, the tests the
 //     pure-Go provider passes in the ordinary run);
+//   - the requester against a server that claims more of a Write or
+//     Reply chunk than it wrote, with the slab filled with a marker
+//     (TestGuestStaleBytes): no stale byte is delivered;
 //   - the cgo-built rdmafs mounting the guest's own knfsd, with a shell
 //     workload (16 MiB written and read back with a checksum after a
 //     remount, a 200-entry directory, rename, link, symlink, a delegation
@@ -123,6 +126,13 @@ func TestKnfsdGuestRxeSiw(t *testing.T) {
 				t.Fatalf("conformance suite over %s failed: %v\n%s", dev, err, out)
 			}
 		})
+		t.Run(dev+"/stale", func(t *testing.T) {
+			out, err := k.Exec(ctx, "RDMAFS_CONFORMANCE_DEV="+dev+" RDMAFS_CONFORMANCE_ADDR=10.0.2.15:0 /usr/local/bin/ibverbs.test -test.run '^TestGuestStaleBytes$' -test.v -test.timeout 5m")
+			if err != nil || !strings.Contains(out, "STALE "+dev) || !strings.Contains(out, "\nPASS") {
+				t.Fatalf("stale bytes over %s: %v\n%s", dev, err, out)
+			}
+			t.Logf("over-claiming server over %s:\n%s", dev, summary(out))
+		})
 		t.Run(dev+"/exchange", func(t *testing.T) {
 			out, err := k.Exec(ctx, "RDMAFS_CONFORMANCE_DEV="+dev+" RDMAFS_CONFORMANCE_ADDR=10.0.2.15:0 /usr/local/bin/ibverbs.test -test.run '^TestGuestWriteExchange$' -test.timeout 10m")
 			if err != nil || !strings.Contains(out, "EXCHANGE") {
@@ -188,7 +198,7 @@ func workload(ctx context.Context, t *testing.T, k *testpeer.Knfsd, dev, server 
 func summary(out string) string {
 	var b strings.Builder
 	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, "--- ") || strings.Contains(l, "conformance_guest_test.go") || strings.HasPrefix(l, "PASS") || strings.HasPrefix(l, "FAIL") {
+		if strings.Contains(l, "--- ") || strings.Contains(l, "conformance_guest_test.go") || strings.HasPrefix(l, "STALE") || strings.HasPrefix(l, "PASS") || strings.HasPrefix(l, "FAIL") {
 			b.WriteString(l + "\n")
 		}
 	}
