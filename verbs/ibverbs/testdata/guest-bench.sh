@@ -1,4 +1,5 @@
-# guest-bench.sh DEV|tcp: 1 MiB O_DIRECT dd write then read of 64 MiB through rdmafs.
+# guest-bench.sh DEV|tcp: 1 MiB O_DIRECT dd write then read of 64 MiB through rdmafs,
+# then 2048 O_DIRECT 4 KiB reads (one READ each).
 # Times come from /proc/uptime (10 ms; busybox date has no %N).
 export PATH=/usr/local/bin:$PATH
 D=$1; M=/mnt/b$D; mkdir -p $M
@@ -7,5 +8,7 @@ rdmafs mount -o $o 10.0.2.15:/ $M || exit 1
 t0=$(cut -d' ' -f1 /proc/uptime); dd if=/dev/zero of=$M/bench$D bs=1M count=64 oflag=direct 2>/dev/null || echo "write failed"; t1=$(cut -d' ' -f1 /proc/uptime)
 echo 3 > /proc/sys/vm/drop_caches
 t2=$(cut -d' ' -f1 /proc/uptime); dd if=$M/bench$D of=/dev/null bs=1M iflag=direct 2>/dev/null || echo "read failed"; t3=$(cut -d' ' -f1 /proc/uptime)
+echo 3 > /proc/sys/vm/drop_caches
+t4=$(cut -d' ' -f1 /proc/uptime); dd if=$M/bench$D of=/dev/null bs=4k count=2048 iflag=direct 2>/dev/null || echo "read4k failed"; t5=$(cut -d' ' -f1 /proc/uptime)
 rm -f $M/bench$D; rdmafs umount $M
-awk -v d=$D -v a=$t0 -v b=$t1 -v c=$t2 -v e=$t3 'BEGIN{printf "BENCH %s write %.1f MB/s read %.1f MB/s\n", d, 64*1.048576/(b-a), 64*1.048576/(e-c)}'
+awk -v d=$D -v a=$t0 -v b=$t1 -v c=$t2 -v e=$t3 -v f=$t4 -v g=$t5 'BEGIN{printf "BENCH %s write %.1f MB/s read %.1f MB/s 4k-read %.0f IOPS\n", d, 64*1.048576/(b-a), 64*1.048576/(e-c), 2048/(g-f)}'
