@@ -66,7 +66,9 @@ type overclaimServer struct {
 
 const overclaimWritten = 100
 
-func startOverclaimServer(ctx context.Context, t *testing.T, p *ibverbs.Provider, addr string) string {
+// startOverclaimServer listens on addr and serves one connection; the
+// channel reports how serving it ended (nil: the client went away).
+func startOverclaimServer(ctx context.Context, t *testing.T, p *ibverbs.Provider, addr string) (string, <-chan error) {
 	t.Helper()
 	pd := p.NewProtectionDomain()
 	pool := mrcache.New(pd, 8<<20)
@@ -97,18 +99,18 @@ func startOverclaimServer(ctx context.Context, t *testing.T, p *ibverbs.Provider
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
+	done := make(chan error, 1)
 	go func() {
 		qp, err := ln.Accept(ctx)
 		if err != nil {
+			done <- err
 			return
 		}
 		s.qp = qp
 		defer qp.Close()
-		if err := s.serve(ctx); err != nil && ctx.Err() == nil {
-			t.Errorf("hostile server: %v", err)
-		}
+		done <- s.serve(ctx)
 	}()
-	return ln.Addr().String()
+	return ln.Addr().String(), done
 }
 
 func (s *overclaimServer) postRecv(qp verbs.QueuePair, i int) error {
@@ -146,6 +148,9 @@ func (s *overclaimServer) serve(ctx context.Context) error {
 			return err
 		}
 		c := wc[0]
+		if c.Status == verbs.StatusFlushed {
+			return nil // the client closed the connection
+		}
 		if c.Status != verbs.StatusSuccess {
 			return fmt.Errorf("receive %v", c.Status)
 		}
@@ -206,9 +211,14 @@ func TestGuestStaleBytes(t *testing.T) {
 	p, dev, addr := guestDevice(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv := startOverclaimServer(ctx, t, p, addr)
+	srv, served := startOverclaimServer(ctx, t, p, addr)
 	tr := rpcrdma.NewTransport(srv, rpcrdma.Config{Provider: p, Version: rpcrdma.Version1, MemoryBytes: 8 << 20})
-	defer tr.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			tr.Close()
+		}
+	}()
 	pool := tr.Buffers()
 	head := func(xid uint32, args ...uint32) []byte {
 		var e xdr.Encoder
@@ -250,6 +260,16 @@ func TestGuestStaleBytes(t *testing.T) {
 	}
 	if i := bytes.Index(msg, staleMarker[:4]); i >= 0 {
 		t.Fatalf("over %s: 28 bytes written into the Reply chunk, %d claimed: stale bytes delivered at %d", dev, len(msg), i)
+	}
+	tr.Close()
+	closed = true
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("hostile server: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the hostile server's queue pair did not see the requester close")
 	}
 	fmt.Printf("STALE %s: Write chunk %d bytes claimed, Reply chunk %d bytes claimed: no stale byte delivered\n", dev, len(got), len(msg))
 }
