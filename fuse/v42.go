@@ -1,0 +1,388 @@
+package fuse
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
+)
+
+// v42Ops are the NFSv4.2 operations the mount uses (RFC 7862 ALLOCATE,
+// DEALLOCATE, SEEK, COPY, CLONE; RFC 8276 extended attributes), declared
+// here by their one user. *nfsclient.Client provides them once it speaks
+// NFSv4.2; a client that does not leaves the mount as it was under
+// NFSv4.1 (fallocate, copy_file_range offload and xattrs: EOPNOTSUPP;
+// SEEK_DATA/SEEK_HOLE: the kernel's own, all data up to the size).
+type v42Ops interface {
+	// MinorVersion is the session's NFSv4 minor version (1 or 2).
+	MinorVersion() uint32
+	// Allocate reserves [off, off+length) of the open file (ALLOCATE,
+	// RFC 7862 s15.1); a range past the end extends the file.
+	Allocate(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off, length uint64) error
+	// Deallocate punches [off, off+length) out of the file
+	// (DEALLOCATE, RFC 7862 s15.4): it reads as zeros, the size stays.
+	Deallocate(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off, length uint64) error
+	// Seek finds the first data (what = seekData) or hole (seekHole)
+	// at or after off (SEEK, RFC 7862 s15.11): eof says none was found
+	// (for a hole: the one at the end of the file is at offset).
+	Seek(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, what uint32) (offset uint64, eof bool, err error)
+	// Copy copies count bytes from src at srcOff to dst at dstOff on the
+	// server, synchronously (COPY with ca_synchronous, RFC 7862 s15.2),
+	// and returns how many it copied (short at the source's end) and how
+	// stably the server wrote them (a COMMIT of dst follows when not
+	// FILE_SYNC, s15.2.3).
+	Copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID nfsclient.StateID, dst []byte, dstSID nfsclient.StateID, srcOff, dstOff, count uint64) (uint64, nfsclient.Stable, error)
+	// Clone makes [dstOff, dstOff+count) of dst share src's blocks at
+	// srcOff (CLONE, RFC 7862 s15.13); count 0 means to src's end.
+	Clone(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID nfsclient.StateID, dst []byte, dstSID nfsclient.StateID, srcOff, dstOff, count uint64) error
+	// GetXattr, SetXattr, ListXattrs and RemoveXattr are RFC 8276's
+	// GETXATTR, SETXATTR (how is setxattr_option4), LISTXATTRS and
+	// REMOVEXATTR, on names of the user namespace without "user.".
+	GetXattr(ctx context.Context, cred oncrpc.Credential, fh []byte, name string) ([]byte, error)
+	SetXattr(ctx context.Context, cred oncrpc.Credential, fh []byte, name string, value []byte, how uint32) error
+	ListXattrs(ctx context.Context, cred oncrpc.Credential, fh []byte, cookie uint64, maxCount uint32) (names []string, next uint64, eof bool, err error)
+	RemoveXattr(ctx context.Context, cred oncrpc.Credential, fh []byte, name string) error
+}
+
+// RFC 7862 s11.2 data_content4, the sa_what of SEEK.
+const (
+	seekData = 0 // NFS4_CONTENT_DATA
+	seekHole = 1 // NFS4_CONTENT_HOLE
+)
+
+// RFC 8276 s8.3 setxattr_option4, the how of SETXATTR.
+const (
+	setxattrEither  = 0 // SETXATTR4_EITHER
+	setxattrCreate  = 1 // SETXATTR4_CREATE
+	setxattrReplace = 2 // SETXATTR4_REPLACE
+)
+
+// RFC 8276 s8.6 errors (not in RFC 8881's list).
+const (
+	errNoXattr   nfsclient.Status = 10095 // NFS4ERR_NOXATTR
+	errXattr2Big nfsclient.Status = 10096 // NFS4ERR_XATTR2BIG
+)
+
+// v42State is the mount's NFSv4.2 support: the operations (nil under
+// NFSv4.1) and what the server refused with NFS4ERR_NOTSUPP, so that the
+// next call does not ask again (Linux clears NFS_CAP_ALLOCATE etc. the
+// same way).
+type v42State struct {
+	ops                                     v42Ops
+	noAllocate, noDeallocate, noSeek        atomic.Bool
+	noCopy, noClone, noXattr                atomic.Bool
+	copies, clones, copyBytes, copyFallback atomic.Uint64
+}
+
+// init takes c's NFSv4.2 operations if the session speaks NFSv4.2.
+func (s *v42State) init(c any) {
+	if ops, ok := c.(v42Ops); ok && ops.MinorVersion() >= 2 {
+		s.ops = ops
+	}
+}
+
+// xattrs reports whether the kernel should send xattr requests at all:
+// without NFSv4.2 it is told ENOSYS once (go-fuse DisableXAttrs) and
+// answers EOPNOTSUPP itself, as before.
+func (s *v42State) xattrs() bool { return s.ops != nil }
+
+// notSupp reports whether err is the server's refusal of an operation it
+// does not implement (RFC 8881 s15.1.1.7, NFS4ERR_NOTSUPP), after which
+// the mount stops asking.
+func notSupp(err error) bool {
+	var st nfsclient.Status
+	return errors.As(err, &st) && st == nfsclient.ErrNotSupp
+}
+
+var (
+	_ = (fs.NodeAllocater)((*node)(nil))
+	_ = (fs.NodeLseeker)((*node)(nil))
+	_ = (fs.NodeCopyFileRanger)((*node)(nil))
+)
+
+// fallocStep is one ALLOCATE or DEALLOCATE of a fallocate(2).
+type fallocStep struct {
+	dealloc     bool
+	off, length uint64
+}
+
+// fallocPlan turns fallocate(2)'s mode into NFSv4.2 operations. size is
+// the file's size, needed only when needSize says so (KEEP_SIZE with an
+// allocation: ALLOCATE past the end would extend the file, RFC 7862
+// s15.1.3, so the allocation stops at the end, as CIFS's does; space past
+// the end stays unreserved).
+//
+//   - 0: ALLOCATE.
+//   - KEEP_SIZE: ALLOCATE of the part inside the file.
+//   - PUNCH_HOLE|KEEP_SIZE: DEALLOCATE (Linux's nfs42_fallocate).
+//   - ZERO_RANGE[|KEEP_SIZE]: DEALLOCATE (the range reads as zeros,
+//     s15.4.3) then ALLOCATE (reserved again, and the size extended
+//     unless KEEP_SIZE), as Linux 6.14's nfs42_proc_zero_range does.
+//   - anything else (COLLAPSE_RANGE, INSERT_RANGE, UNSHARE_RANGE, PUNCH_HOLE
+//     without KEEP_SIZE): EOPNOTSUPP, as the Linux client answers.
+func fallocPlan(mode uint32, off, length, size uint64) ([]fallocStep, syscall.Errno) {
+	if length == 0 {
+		return nil, syscall.EINVAL
+	}
+	if off > math.MaxInt64 || length > math.MaxInt64-off {
+		return nil, syscall.EFBIG
+	}
+	clip := func(off, length uint64) []fallocStep {
+		if off >= size {
+			return nil
+		}
+		return []fallocStep{{off: off, length: min(length, size-off)}}
+	}
+	switch mode {
+	case 0:
+		return []fallocStep{{off: off, length: length}}, 0
+	case unix.FALLOC_FL_KEEP_SIZE:
+		return clip(off, length), 0
+	case unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE:
+		return []fallocStep{{dealloc: true, off: off, length: length}}, 0
+	case unix.FALLOC_FL_ZERO_RANGE:
+		return []fallocStep{{dealloc: true, off: off, length: length}, {off: off, length: length}}, 0
+	case unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE:
+		return append([]fallocStep{{dealloc: true, off: off, length: length}}, clip(off, length)...), 0
+	}
+	return nil, syscall.EOPNOTSUPP
+}
+
+// fallocNeedsSize reports whether fallocPlan needs the file's size.
+func fallocNeedsSize(mode uint32) bool {
+	return mode&unix.FALLOC_FL_KEEP_SIZE != 0 && mode&unix.FALLOC_FL_PUNCH_HOLE == 0
+}
+
+// ioState returns the credential and stateid for I/O on n through fh:
+// the open file's, or the caller's and the anonymous stateid (RFC 8881
+// s8.2.3) without one.
+func (n *node) ioState(ctx context.Context, fh fs.FileHandle) (oncrpc.Credential, nfsclient.StateID) {
+	if h, ok := fh.(*file); ok {
+		return h.cred, h.of.StateID
+	}
+	return n.fsys.cred(ctx), nfsclient.StateID{}
+}
+
+// Allocate serves fallocate(2) with ALLOCATE and DEALLOCATE (fallocPlan).
+// Buffered writes go out first, so that the server's size and data are
+// this mount's; the kernel has written back and dropped its cached pages
+// of a punched or zeroed range already (fuse_file_fallocate).
+func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint64, mode uint32) syscall.Errno {
+	ctx = uninterrupted(ctx)
+	v := &n.fsys.v42
+	if v.ops == nil || n.StableAttr().Mode != syscall.S_IFREG {
+		return syscall.EOPNOTSUPP
+	}
+	if _, errno := fallocPlan(mode, off, length, 0); errno != 0 {
+		return errno
+	}
+	if errno := n.flushWriters(ctx); errno != 0 {
+		return errno
+	}
+	cred, sid := n.ioState(ctx, fh)
+	var size uint64
+	if fallocNeedsSize(mode) {
+		a, err := n.fsys.c.GetAttr(ctx, cred, n.handle())
+		if err != nil {
+			return n.errno("GETATTR", err)
+		}
+		n.setAttr(&a)
+		size = a.Size
+	}
+	steps, errno := fallocPlan(mode, off, length, size)
+	if errno != 0 {
+		return errno
+	}
+	defer n.invalidateAttr()
+	for _, s := range steps {
+		op, no, call := "ALLOCATE", &v.noAllocate, v.ops.Allocate
+		if s.dealloc {
+			op, no, call = "DEALLOCATE", &v.noDeallocate, v.ops.Deallocate
+		}
+		if no.Load() {
+			return syscall.EOPNOTSUPP
+		}
+		err := call(ctx, cred, n.handle(), sid, s.off, s.length)
+		if n.fsys.tr.On(trace.FUSE) {
+			n.fsys.trace("%s ino=%d off=%d len=%d mode=%#x err=%v", op, n.StableAttr().Ino, s.off, s.length, mode, err)
+		}
+		if err != nil {
+			if notSupp(err) {
+				no.Store(true)
+			}
+			return n.errno(op, err)
+		}
+	}
+	return 0
+}
+
+// Lseek serves SEEK_DATA and SEEK_HOLE with SEEK (the kernel answers the
+// other whences itself). As Linux's nfs42_proc_llseek: buffered writes
+// go out first; the server's NFS4ERR_NXIO (an offset at or past the end)
+// is ENXIO, and so is SEEK_DATA that finds no data before the end
+// (sr_eof). A server without SEEK gets ENOSYS: the kernel then stops
+// asking and answers from the size, all data (fuse_lseek, as Linux's
+// client without NFS_CAP_SEEK).
+func (n *node) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	v := &n.fsys.v42
+	var what uint32
+	switch whence {
+	case unix.SEEK_DATA:
+		what = seekData
+	case unix.SEEK_HOLE:
+		what = seekHole
+	default:
+		return 0, syscall.EINVAL
+	}
+	if v.ops == nil || v.noSeek.Load() {
+		return 0, syscall.ENOSYS
+	}
+	if off > math.MaxInt64 {
+		return 0, syscall.ENXIO
+	}
+	if errno := n.flushWriters(ctx); errno != 0 {
+		return 0, errno
+	}
+	cred, sid := n.ioState(ctx, fh)
+	pos, eof, err := v.ops.Seek(ctx, cred, n.handle(), sid, off, what)
+	if n.fsys.tr.On(trace.FUSE) {
+		n.fsys.trace("SEEK ino=%d off=%d what=%d -> off=%d eof=%v err=%v", n.StableAttr().Ino, off, what, pos, eof, err)
+	}
+	if err != nil {
+		if notSupp(err) {
+			v.noSeek.Store(true)
+			return 0, syscall.ENOSYS
+		}
+		return 0, n.errno("SEEK", err)
+	}
+	if what == seekData && eof {
+		return 0, syscall.ENXIO
+	}
+	if pos < off || pos > math.MaxInt64 {
+		// RFC 7862 s15.11.3: the offset found is at or after sa_offset.
+		return 0, syscall.EIO
+	}
+	return pos, 0
+}
+
+// maxCopy bounds one copy_file_range reply (FUSE returns a uint32; the
+// kernel asks for at most UINT_MAX & PAGE_MASK).
+const maxCopy = math.MaxUint32 &^ 4095
+
+// CopyFileRange serves copy_file_range(2) between two files of this
+// mount with one synchronous COPY (RFC 7862 s15.2; a short count is
+// fine, the caller loops), or with CLONE where the server has no COPY.
+// Where the server has neither, EOPNOTSUPP makes the kernel copy through
+// READ and WRITE itself (fuse_copy_file_range falls back to splice, as
+// Linux's nfs4_copy_file_range does).
+func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode, fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
+	ctx = uninterrupted(ctx)
+	v := &n.fsys.v42
+	dst, ok := out.Operations().(*node)
+	if !ok {
+		return 0, syscall.EXDEV
+	}
+	if flags != 0 {
+		return 0, syscall.EINVAL
+	}
+	hin, ok1 := fhIn.(*file)
+	hout, ok2 := fhOut.(*file)
+	if !ok1 || !ok2 {
+		return 0, syscall.EBADF
+	}
+	if v.ops == nil || v.noCopy.Load() && v.noClone.Load() {
+		v.copyFallback.Add(1)
+		return 0, syscall.EOPNOTSUPP
+	}
+	if length == 0 {
+		return 0, 0
+	}
+	length = min(length, maxCopy)
+	// The server copies what it has: this mount's buffered writes of
+	// both files go out first.
+	if errno := n.flushWriters(ctx); errno != 0 {
+		return 0, errno
+	}
+	if errno := dst.flushWriters(ctx); errno != 0 {
+		return 0, errno
+	}
+	defer dst.invalidateAttr()
+	if !v.noCopy.Load() {
+		k, stable, err := v.ops.Copy(ctx, hout.cred, hin.of.FH, hin.of.StateID, hout.of.FH, hout.of.StateID, offIn, offOut, length)
+		if n.fsys.tr.On(trace.FUSE) {
+			n.fsys.trace("COPY ino=%d off=%d -> ino=%d off=%d len=%d -> %d stable=%d err=%v", n.StableAttr().Ino, offIn, dst.StableAttr().Ino, offOut, length, k, stable, err)
+		}
+		switch {
+		case err == nil:
+			if k > length {
+				return 0, syscall.EIO
+			}
+			if stable != nfsclient.FileSync && k > 0 {
+				// RFC 7862 s15.2.3: data copied UNSTABLE needs a
+				// COMMIT, as after an UNSTABLE WRITE.
+				if _, err := n.fsys.c.Commit(ctx, hout.cred, hout.of.FH, offOut, 0); err != nil {
+					return 0, dst.errno("COMMIT", err)
+				}
+			}
+			v.copies.Add(1)
+			v.copyBytes.Add(k)
+			return uint32(k), 0
+		case notSupp(err):
+			v.noCopy.Store(true)
+		case errors.Is(nfsclient.Errno(err), syscall.EXDEV):
+			// NFS4ERR_XDEV: this server will not copy between
+			// these two files; the kernel copies them.
+			v.copyFallback.Add(1)
+			return 0, syscall.EOPNOTSUPP
+		default:
+			return 0, n.errno("COPY", err)
+		}
+	}
+	return n.cloneRange(ctx, hin, offIn, dst, hout, offOut, length)
+}
+
+// cloneRange copies with CLONE, for a server that has no COPY. CLONE
+// takes no short count and refuses a range past the source's end, so
+// the count stops there (copy_file_range returns a short count at EOF).
+func (n *node) cloneRange(ctx context.Context, hin *file, offIn uint64, dst *node, hout *file, offOut, length uint64) (uint32, syscall.Errno) {
+	v := &n.fsys.v42
+	if v.noClone.Load() {
+		v.copyFallback.Add(1)
+		return 0, syscall.EOPNOTSUPP
+	}
+	a, err := n.fsys.c.GetAttr(ctx, hin.cred, hin.of.FH)
+	if err != nil {
+		return 0, n.errno("GETATTR", err)
+	}
+	if offIn >= a.Size {
+		return 0, 0
+	}
+	length = min(length, a.Size-offIn)
+	err = v.ops.Clone(ctx, hout.cred, hin.of.FH, hin.of.StateID, hout.of.FH, hout.of.StateID, offIn, offOut, length)
+	if n.fsys.tr.On(trace.FUSE) {
+		n.fsys.trace("CLONE ino=%d off=%d -> ino=%d off=%d len=%d err=%v", n.StableAttr().Ino, offIn, dst.StableAttr().Ino, offOut, length, err)
+	}
+	if err != nil {
+		if notSupp(err) {
+			v.noClone.Store(true)
+		}
+		if e := nfsclient.Errno(err); e == syscall.EOPNOTSUPP || e == syscall.EINVAL || e == syscall.EXDEV {
+			// Refused, or not at the file system's block alignment
+			// (vfs_clone_file_range's EINVAL): the kernel copies.
+			v.copyFallback.Add(1)
+			return 0, syscall.EOPNOTSUPP
+		}
+		return 0, n.errno("CLONE", err)
+	}
+	v.clones.Add(1)
+	v.copyBytes.Add(length)
+	return uint32(length), 0
+}
