@@ -386,3 +386,44 @@ func (n *node) cloneRange(ctx context.Context, hin *file, offIn uint64, dst *nod
 	v.copyBytes.Add(length)
 	return uint32(length), 0
 }
+
+// V42Stats counts what the NFSv4.2 operations did on a mount.
+type V42Stats struct {
+	// Minor is the session's NFSv4 minor version as the mount sees it:
+	// 2 when the client offers NFSv4.2's operations, else 1.
+	Minor uint32
+	// Copies and Clones count copy_file_range requests served by COPY
+	// and by CLONE, CopyBytes the bytes they copied; CopyFallbacks those
+	// left to the kernel (EOPNOTSUPP: it copies with READ and WRITE).
+	Copies, Clones, CopyBytes, CopyFallbacks uint64
+	// Refused lists the operations the server answered NFS4ERR_NOTSUPP,
+	// which the mount no longer sends.
+	Refused []string
+}
+
+// V42Stats returns the mount's NFSv4.2 counters.
+func (f *FS) V42Stats() V42Stats {
+	v := &f.v42
+	s := V42Stats{
+		Minor:         1,
+		Copies:        v.copies.Load(),
+		Clones:        v.clones.Load(),
+		CopyBytes:     v.copyBytes.Load(),
+		CopyFallbacks: v.copyFallback.Load(),
+	}
+	if v.ops != nil {
+		s.Minor = 2
+	}
+	for _, r := range []struct {
+		name string
+		no   *atomic.Bool
+	}{
+		{"ALLOCATE", &v.noAllocate}, {"DEALLOCATE", &v.noDeallocate}, {"SEEK", &v.noSeek},
+		{"COPY", &v.noCopy}, {"CLONE", &v.noClone}, {"XATTR", &v.noXattr},
+	} {
+		if r.no.Load() {
+			s.Refused = append(s.Refused, r.name)
+		}
+	}
+	return s
+}
