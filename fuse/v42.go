@@ -79,6 +79,7 @@ type v42State struct {
 	ops                                     v42Ops
 	noAllocate, noDeallocate, noSeek        atomic.Bool
 	noCopy, noClone, noXattr                atomic.Bool
+	allocateWorks                           atomic.Bool // an ALLOCATE succeeded
 	copies, clones, copyBytes, copyFallback atomic.Uint64
 }
 
@@ -201,6 +202,12 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 	if errno != 0 {
 		return errno
 	}
+	if len(steps) == 2 && steps[0].dealloc && !v.allocateWorks.Load() {
+		// ZERO_RANGE: until ALLOCATE is known to work, it goes first
+		// too, so that a server without it refuses before the
+		// DEALLOCATE has zeroed anything (ALLOCATE leaves the data).
+		steps = append([]fallocStep{steps[1]}, steps...)
+	}
 	defer n.invalidateAttr()
 	for _, s := range steps {
 		op, no, call := "ALLOCATE", &v.noAllocate, v.ops.Allocate
@@ -219,6 +226,9 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 				no.Store(true)
 			}
 			return n.errno(op, err)
+		}
+		if !s.dealloc {
+			v.allocateWorks.Store(true)
 		}
 	}
 	return 0
