@@ -202,6 +202,13 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 	if errno != 0 {
 		return errno
 	}
+	for _, s := range steps {
+		// A step the server refused before: refuse before any other
+		// step changed the file.
+		if s.dealloc && v.noDeallocate.Load() || !s.dealloc && v.noAllocate.Load() {
+			return syscall.EOPNOTSUPP
+		}
+	}
 	if len(steps) == 2 && steps[0].dealloc && !v.allocateWorks.Load() {
 		// ZERO_RANGE: until ALLOCATE is known to work, it goes first
 		// too, so that a server without it refuses before the
@@ -213,9 +220,6 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 		op, no, call := "ALLOCATE", &v.noAllocate, v.ops.Allocate
 		if s.dealloc {
 			op, no, call = "DEALLOCATE", &v.noDeallocate, v.ops.Deallocate
-		}
-		if no.Load() {
-			return syscall.EOPNOTSUPP
 		}
 		err := call(ctx, cred, n.handle(), sid, s.off, s.length)
 		if n.fsys.tr.On(trace.FUSE) {
