@@ -23,53 +23,36 @@ import (
 // SEEK_DATA/SEEK_HOLE: the kernel's own, all data up to the size).
 type v42Ops interface {
 	// MinorVersion is the session's NFSv4 minor version (1 or 2).
-	MinorVersion() uint32
+	MinorVersion() int
 	// Allocate reserves [off, off+length) of the open file (ALLOCATE,
-	// RFC 7862 s15.1); a range past the end extends the file.
-	Allocate(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off, length uint64) error
+	// RFC 7862 s15.1); a range past the end extends the file. It
+	// returns the attributes after it.
+	Allocate(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off, length uint64) (nfsclient.Attr, error)
 	// Deallocate punches [off, off+length) out of the file
 	// (DEALLOCATE, RFC 7862 s15.4): it reads as zeros, the size stays.
-	Deallocate(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off, length uint64) error
-	// Seek finds the first data (what = seekData) or hole (seekHole)
-	// at or after off (SEEK, RFC 7862 s15.11): eof says none was found
-	// (for a hole: the one at the end of the file is at offset).
-	Seek(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, what uint32) (offset uint64, eof bool, err error)
+	Deallocate(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off, length uint64) (nfsclient.Attr, error)
+	// Seek finds the first data or hole at or after off (SEEK, RFC
+	// 7862 s15.11): eof says there is no data after the offset.
+	Seek(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, what nfsclient.SeekWhat) (uint64, bool, error)
 	// Copy copies count bytes from src at srcOff to dst at dstOff on the
-	// server, synchronously (COPY with ca_synchronous, RFC 7862 s15.2),
-	// and returns how many it copied (short at the source's end) and how
-	// stably the server wrote them (a COMMIT of dst follows when not
-	// FILE_SYNC, s15.2.3).
-	Copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID nfsclient.StateID, dst []byte, dstSID nfsclient.StateID, srcOff, dstOff, count uint64) (uint64, nfsclient.Stable, error)
+	// server (COPY, RFC 7862 s15.2), waiting for a copy the server runs
+	// in the background, and commits what it copied; the count may be
+	// short (at the source's end).
+	Copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID nfsclient.StateID, dst []byte, dstSID nfsclient.StateID, srcOff, dstOff, count uint64) (nfsclient.CopyResult, error)
 	// Clone makes [dstOff, dstOff+count) of dst share src's blocks at
-	// srcOff (CLONE, RFC 7862 s15.13); count 0 means to src's end.
-	Clone(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID nfsclient.StateID, dst []byte, dstSID nfsclient.StateID, srcOff, dstOff, count uint64) error
+	// srcOff (CLONE, RFC 7862 s15.13).
+	Clone(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID nfsclient.StateID, dst []byte, dstSID nfsclient.StateID, srcOff, dstOff, count uint64) (nfsclient.Attr, error)
 	// GetXattr, SetXattr, ListXattrs and RemoveXattr are RFC 8276's
-	// GETXATTR, SETXATTR (how is setxattr_option4), LISTXATTRS and
-	// REMOVEXATTR, on names of the user namespace without "user.".
-	GetXattr(ctx context.Context, cred oncrpc.Credential, fh []byte, name string) ([]byte, error)
-	SetXattr(ctx context.Context, cred oncrpc.Credential, fh []byte, name string, value []byte, how uint32) error
-	ListXattrs(ctx context.Context, cred oncrpc.Credential, fh []byte, cookie uint64, maxCount uint32) (names []string, next uint64, eof bool, err error)
+	// GETXATTR, SETXATTR, LISTXATTRS (all pages) and REMOVEXATTR, on
+	// names of the user namespace without "user.".
+	GetXattr(ctx context.Context, cred oncrpc.Credential, fh []byte, name string, maxSize int) ([]byte, error)
+	SetXattr(ctx context.Context, cred oncrpc.Credential, fh []byte, name string, value []byte, how nfsclient.XattrHow) error
+	ListXattrs(ctx context.Context, cred oncrpc.Credential, fh []byte) ([]string, error)
 	RemoveXattr(ctx context.Context, cred oncrpc.Credential, fh []byte, name string) error
 }
 
-// RFC 7862 s11.2 data_content4, the sa_what of SEEK.
-const (
-	seekData = 0 // NFS4_CONTENT_DATA
-	seekHole = 1 // NFS4_CONTENT_HOLE
-)
-
-// RFC 8276 s8.3 setxattr_option4, the how of SETXATTR.
-const (
-	setxattrEither  = 0 // SETXATTR4_EITHER
-	setxattrCreate  = 1 // SETXATTR4_CREATE
-	setxattrReplace = 2 // SETXATTR4_REPLACE
-)
-
-// RFC 8276 s8.6 errors (not in RFC 8881's list).
-const (
-	errNoXattr   nfsclient.Status = 10095 // NFS4ERR_NOXATTR
-	errXattr2Big nfsclient.Status = 10096 // NFS4ERR_XATTR2BIG
-)
+// The client provides the operations.
+var _ v42Ops = (*nfsclient.Client)(nil)
 
 // v42State is the mount's NFSv4.2 support: the operations (nil under
 // NFSv4.1) and what the server refused with NFS4ERR_NOTSUPP, so that the
@@ -84,9 +67,9 @@ type v42State struct {
 }
 
 // init takes c's NFSv4.2 operations if the session speaks NFSv4.2.
-func (s *v42State) init(c any) {
-	if ops, ok := c.(v42Ops); ok && ops.MinorVersion() >= 2 {
-		s.ops = ops
+func (s *v42State) init(c v42Ops) {
+	if c.MinorVersion() >= 2 {
+		s.ops = c
 	}
 }
 
@@ -215,13 +198,12 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 		// DEALLOCATE has zeroed anything (ALLOCATE leaves the data).
 		steps = append([]fallocStep{steps[1]}, steps...)
 	}
-	defer n.invalidateAttr()
 	for _, s := range steps {
 		op, no, call := "ALLOCATE", &v.noAllocate, v.ops.Allocate
 		if s.dealloc {
 			op, no, call = "DEALLOCATE", &v.noDeallocate, v.ops.Deallocate
 		}
-		err := call(ctx, cred, n.handle(), sid, s.off, s.length)
+		a, err := call(ctx, cred, n.handle(), sid, s.off, s.length)
 		if n.fsys.tr.On(trace.FUSE) {
 			n.fsys.trace("%s ino=%d off=%d len=%d mode=%#x err=%v", op, n.StableAttr().Ino, s.off, s.length, mode, err)
 		}
@@ -234,6 +216,7 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 		if !s.dealloc {
 			v.allocateWorks.Store(true)
 		}
+		n.setAttr(&a)
 	}
 	return 0
 }
@@ -247,12 +230,12 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 // client without NFS_CAP_SEEK).
 func (n *node) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
 	v := &n.fsys.v42
-	var what uint32
+	var what nfsclient.SeekWhat
 	switch whence {
 	case unix.SEEK_DATA:
-		what = seekData
+		what = nfsclient.SeekData
 	case unix.SEEK_HOLE:
-		what = seekHole
+		what = nfsclient.SeekHole
 	default:
 		return 0, syscall.EINVAL
 	}
@@ -277,7 +260,7 @@ func (n *node) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence u
 		}
 		return 0, n.errno("SEEK", err)
 	}
-	if what == seekData && eof {
+	if what == nfsclient.SeekData && eof {
 		return 0, syscall.ENXIO
 	}
 	if pos < off || pos > math.MaxInt64 {
@@ -330,34 +313,28 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	}
 	defer dst.invalidateAttr()
 	if !v.noCopy.Load() {
-		k, stable, err := v.ops.Copy(ctx, hout.cred, hin.of.FH, hin.of.StateID, hout.of.FH, hout.of.StateID, offIn, offOut, length)
+		res, err := v.ops.Copy(ctx, hout.cred, hin.of.FH, hin.of.StateID, hout.of.FH, hout.of.StateID, offIn, offOut, length)
 		if n.fsys.tr.On(trace.FUSE) {
-			n.fsys.trace("COPY ino=%d off=%d -> ino=%d off=%d len=%d -> %d stable=%d err=%v", n.StableAttr().Ino, offIn, dst.StableAttr().Ino, offOut, length, k, stable, err)
+			n.fsys.trace("COPY ino=%d off=%d -> ino=%d off=%d len=%d -> %+v err=%v", n.StableAttr().Ino, offIn, dst.StableAttr().Ino, offOut, length, res, err)
 		}
 		switch {
 		case err == nil:
-			if k > length {
+			if res.Count > length {
 				return 0, syscall.EIO
 			}
-			if stable != nfsclient.FileSync && k > 0 {
-				// RFC 7862 s15.2.3: data copied UNSTABLE needs a
-				// COMMIT, as after an UNSTABLE WRITE.
-				if _, err := n.fsys.c.Commit(ctx, hout.cred, hout.of.FH, offOut, 0); err != nil {
-					return 0, dst.errno("COMMIT", err)
-				}
-			}
 			v.copies.Add(1)
-			v.copyBytes.Add(k)
-			return uint32(k), 0
+			v.copyBytes.Add(res.Count)
+			return uint32(res.Count), 0
 		case notSupp(err):
 			v.noCopy.Store(true)
-		case errors.Is(nfsclient.Errno(err), syscall.EXDEV):
-			// NFS4ERR_XDEV: this server will not copy between
-			// these two files; the kernel copies them.
+		default:
+			if e := n.errno("COPY", err); e != syscall.EOPNOTSUPP && e != syscall.EXDEV {
+				return 0, e
+			}
+			// This copy refused (NFS4ERR_XDEV, OFFLOAD_DENIED,
+			// OFFLOAD_NO_REQS): the kernel copies it.
 			v.copyFallback.Add(1)
 			return 0, syscall.EOPNOTSUPP
-		default:
-			return 0, n.errno("COPY", err)
 		}
 	}
 	return n.cloneRange(ctx, hin, offIn, dst, hout, offOut, length)
@@ -380,7 +357,7 @@ func (n *node) cloneRange(ctx context.Context, hin *file, offIn uint64, dst *nod
 		return 0, 0
 	}
 	length = min(length, a.Size-offIn)
-	err = v.ops.Clone(ctx, hout.cred, hin.of.FH, hin.of.StateID, hout.of.FH, hout.of.StateID, offIn, offOut, length)
+	_, err = v.ops.Clone(ctx, hout.cred, hin.of.FH, hin.of.StateID, hout.of.FH, hout.of.StateID, offIn, offOut, length)
 	if n.fsys.tr.On(trace.FUSE) {
 		n.fsys.trace("CLONE ino=%d off=%d -> ino=%d off=%d len=%d err=%v", n.StableAttr().Ino, offIn, dst.StableAttr().Ino, offOut, length, err)
 	}

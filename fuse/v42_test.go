@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/nfsclient"
 )
 
 func TestFallocPlan(t *testing.T) {
@@ -74,13 +76,14 @@ func TestXattrName(t *testing.T) {
 
 func TestSetxattrHow(t *testing.T) {
 	for _, tc := range []struct {
-		flags, want uint32
-		errno       syscall.Errno
+		flags uint32
+		want  nfsclient.XattrHow
+		errno syscall.Errno
 	}{
-		{0, setxattrEither, 0},
-		{unix.XATTR_CREATE, setxattrCreate, 0},
-		{unix.XATTR_REPLACE, setxattrReplace, 0},
-		{unix.XATTR_CREATE | unix.XATTR_REPLACE, setxattrCreate, 0},
+		{0, nfsclient.XattrEither, 0},
+		{unix.XATTR_CREATE, nfsclient.XattrCreate, 0},
+		{unix.XATTR_REPLACE, nfsclient.XattrReplace, 0},
+		{unix.XATTR_CREATE | unix.XATTR_REPLACE, nfsclient.XattrCreate, 0},
 		{4, 0, syscall.EINVAL},
 	} {
 		got, errno := setxattrHow(tc.flags)

@@ -31,14 +31,6 @@ const (
 	xattrListMax = 65536 // XATTR_LIST_MAX: largest list
 )
 
-// listChunk is LISTXATTRS's la_maxcount, the bytes of names one reply
-// may carry (RFC 8276 s8.4.3.1).
-const listChunk = 65536
-
-// maxListRounds bounds the LISTXATTRS of one listxattr(2): a server
-// whose cookies never reach lr_eof gets EIO, not a loop for ever.
-const maxListRounds = 1024
-
 // xattrName returns the NFS name of a Linux xattr name: its part after
 // "user.". Other namespaces (security, trusted, system) and names
 // without one have no NFS counterpart: EOPNOTSUPP, as Linux's client
@@ -62,9 +54,9 @@ func (n *node) xattrErrno(op string, err error) syscall.Errno {
 	var st nfsclient.Status
 	if errors.As(err, &st) {
 		switch st {
-		case errNoXattr:
+		case nfsclient.ErrNoXattr:
 			return syscall.ENODATA
-		case errXattr2Big:
+		case nfsclient.ErrXattr2Big:
 			return syscall.E2BIG
 		case nfsclient.ErrNotSupp:
 			n.fsys.v42.noXattr.Store(true)
@@ -87,7 +79,9 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if !v.xattrOK() {
 		return 0, syscall.EOPNOTSUPP
 	}
-	val, err := v.ops.GetXattr(ctx, n.fsys.cred(ctx), n.handle(), name)
+	// The whole value, whatever dest holds: its size is asked for, or
+	// ERANGE answered (a smaller maxSize would be the server's XATTR2BIG).
+	val, err := v.ops.GetXattr(ctx, n.fsys.cred(ctx), n.handle(), name, xattrSizeMax)
 	if n.fsys.tr.On(trace.FUSE) {
 		n.fsys.trace("GETXATTR ino=%d name=%q size=%d len=%d err=%v", n.StableAttr().Ino, name, len(dest), len(val), err)
 	}
@@ -110,17 +104,17 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 // s8.3): XATTR_CREATE fails on an existing name (EEXIST), XATTR_REPLACE
 // on a missing one (ENODATA); CREATE wins when both are given, as in
 // Linux's nfs4_xattr_set_nfs4_user.
-func setxattrHow(flags uint32) (uint32, syscall.Errno) {
+func setxattrHow(flags uint32) (nfsclient.XattrHow, syscall.Errno) {
 	if flags&^uint32(unix.XATTR_CREATE|unix.XATTR_REPLACE) != 0 {
 		return 0, syscall.EINVAL
 	}
 	switch {
 	case flags&unix.XATTR_CREATE != 0:
-		return setxattrCreate, 0
+		return nfsclient.XattrCreate, 0
 	case flags&unix.XATTR_REPLACE != 0:
-		return setxattrReplace, 0
+		return nfsclient.XattrReplace, 0
 	}
-	return setxattrEither, 0
+	return nfsclient.XattrEither, 0
 }
 
 // Setxattr sends SETXATTR.
@@ -175,7 +169,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	return 0
 }
 
-// Listxattr sends LISTXATTRS until lr_eof and lists the names with
+// Listxattr sends LISTXATTRS (all pages) and lists the names with
 // "user." in front, each NUL-terminated (listxattr(2)). dest empty asks
 // for the list's size; a list larger than dest is ERANGE, one larger than
 // Linux lists at all E2BIG. A server without xattrs has an empty list,
@@ -185,35 +179,20 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	if !v.xattrOK() {
 		return 0, 0
 	}
-	cred, fh := n.fsys.cred(ctx), n.handle()
-	var list []byte
-	cookie := uint64(0)
-	for round := 0; ; round++ {
-		if round == maxListRounds {
-			return 0, n.errno("LISTXATTRS", errors.New("server's cookies never reach eof"))
+	names, err := v.ops.ListXattrs(ctx, n.fsys.cred(ctx), n.handle())
+	if n.fsys.tr.On(trace.FUSE) {
+		n.fsys.trace("LISTXATTRS ino=%d -> names=%d err=%v", n.StableAttr().Ino, len(names), err)
+	}
+	if err != nil {
+		if notSupp(err) {
+			v.noXattr.Store(true)
+			return 0, 0
 		}
-		names, next, eof, err := v.ops.ListXattrs(ctx, cred, fh, cookie, listChunk)
-		if n.fsys.tr.On(trace.FUSE) {
-			n.fsys.trace("LISTXATTRS ino=%d cookie=%d -> names=%d next=%d eof=%v err=%v", n.StableAttr().Ino, cookie, len(names), next, eof, err)
-		}
-		if err != nil {
-			if notSupp(err) {
-				v.noXattr.Store(true)
-				return 0, 0
-			}
-			return 0, n.xattrErrno("LISTXATTRS", err)
-		}
-		list = appendXattrNames(list, names)
-		if len(list) > xattrListMax {
-			return 0, syscall.E2BIG
-		}
-		if eof {
-			break
-		}
-		if len(names) == 0 && next == cookie {
-			return 0, n.errno("LISTXATTRS", errors.New("no progress before eof"))
-		}
-		cookie = next
+		return 0, n.xattrErrno("LISTXATTRS", err)
+	}
+	list := appendXattrNames(nil, names)
+	if len(list) > xattrListMax {
+		return 0, syscall.E2BIG
 	}
 	if len(dest) == 0 {
 		return uint32(len(list)), 0
