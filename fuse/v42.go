@@ -17,10 +17,10 @@ import (
 
 // v42Ops are the NFSv4.2 operations the mount uses (RFC 7862 ALLOCATE,
 // DEALLOCATE, SEEK, COPY, CLONE; RFC 8276 extended attributes), declared
-// here by their one user. *nfsclient.Client provides them once it speaks
-// NFSv4.2; a client that does not leaves the mount as it was under
-// NFSv4.1 (fallocate, copy_file_range offload and xattrs: EOPNOTSUPP;
-// SEEK_DATA/SEEK_HOLE: the kernel's own, all data up to the size).
+// here by their one user; *nfsclient.Client provides them. On an
+// NFSv4.1 session the mount does as before (fallocate and xattrs:
+// EOPNOTSUPP; copy_file_range: the kernel's READ and WRITE;
+// SEEK_DATA/SEEK_HOLE: the kernel's own answer, all data up to the size).
 type v42Ops interface {
 	// MinorVersion is the session's NFSv4 minor version (1 or 2).
 	MinorVersion() int
