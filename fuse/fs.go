@@ -194,7 +194,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		MaxWrite:       opts.MaxIO,
 		MaxReadAhead:   opts.MaxIO,
 		AllowOther:     opts.AllowOther,
-		DisableXAttrs:  !f.v42.xattrs(), // user.* xattrs are NFSv4.2's (xattr.go)
+		DisableXAttrs:  false, // xattr.go answers, on NFSv4.1 too (EOPNOTSUPP, no names)
 		Debug:          opts.Debug,
 		DisableSplice:  true, // replies are in memory already; a pipe adds a copy
 		MaxBackground:  64,

@@ -31,6 +31,7 @@ type peer struct {
 	rdma, v2           bool // RPC-over-RDMA (version 2 only when v2)
 	limitsOf           string
 	deleg              bool // let OPEN hand out delegations
+	minor              int  // NFSv4 minor version; 0: the client's default (4.2, or 4.1)
 }
 
 // forEachPeer runs f on every server: over TCP (tcpPeers), then over
@@ -69,11 +70,12 @@ func mountPeer(t *testing.T, p peer, opts fuse.Options) (string, *fuse.Mount) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := nfsclient.Dial(ctx, nfsclient.Config{
-		Transport:   p.transport(),
-		Export:      p.export,
-		RPC:         oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 3},
-		Tracer:      opts.Tracer,
-		Delegations: p.deleg,
+		Transport:    p.transport(),
+		Export:       p.export,
+		RPC:          oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 3},
+		Tracer:       opts.Tracer,
+		Delegations:  p.deleg,
+		MinorVersion: p.minor,
 	})
 	if err != nil {
 		t.Fatalf("%s: dial: %v", p.name, err)

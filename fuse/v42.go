@@ -73,10 +73,6 @@ func (s *v42State) init(c v42Ops) {
 	}
 }
 
-// xattrs reports whether the kernel should send xattr requests at all:
-// without NFSv4.2 it is told ENOSYS once (go-fuse DisableXAttrs) and
-// answers EOPNOTSUPP itself, as before.
-func (s *v42State) xattrs() bool { return s.ops != nil }
 
 // notSupp reports whether err is the server's refusal of an operation it
 // does not implement (RFC 8881 s15.1.1.7, NFS4ERR_NOTSUPP), after which

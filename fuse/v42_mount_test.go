@@ -440,3 +440,57 @@ func sameNames(list []byte, names ...string) bool {
 	sort.Strings(names)
 	return strings.Join(got, ",") == strings.Join(names, ",")
 }
+
+// TestV41Mount checks what a vers=4.1 mount does with the calls NFSv4.2
+// serves: fallocate and xattrs fail with EOPNOTSUPP, listxattr lists
+// none, SEEK_HOLE finds the end of the file (the kernel's own answer),
+// and copy_file_range copies through READ and WRITE.
+func TestV41Mount(t *testing.T) {
+	tcpPeers(t, func(t *testing.T, p peer) {
+		p.minor = 1
+		mnt, m := mountPeer(t, p, fuse.Options{})
+		if s := m.FS.V42Stats(); s.Minor != 1 {
+			t.Fatalf("a vers=4.1 mount speaks 4.%d", s.Minor)
+		}
+		d := freshDir(t, mnt)
+		defer os.RemoveAll(d)
+		f, err := os.OpenFile(filepath.Join(d, "f"), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := f.Truncate(1 << 20); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fallocate(int(f.Fd()), 0, 0, 4096); !errors.Is(err, unix.EOPNOTSUPP) {
+			t.Errorf("fallocate: %v, want EOPNOTSUPP", err)
+		}
+		if err := unix.Setxattr(f.Name(), "user.a", []byte("1"), 0); !errors.Is(err, unix.EOPNOTSUPP) {
+			t.Errorf("setxattr: %v, want EOPNOTSUPP", err)
+		}
+		if n, err := unix.Listxattr(f.Name(), nil); err != nil || n != 0 {
+			t.Errorf("listxattr: %d, %v; want 0", n, err)
+		}
+		if off, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE); err != nil || off != 1<<20 {
+			t.Errorf("SEEK_HOLE: %d, %v; want %d", off, err, 1<<20)
+		}
+		out, err := os.OpenFile(filepath.Join(d, "g"), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		if _, err := f.WriteAt([]byte("data"), 100); err != nil {
+			t.Fatal(err)
+		}
+		offIn, offOut := int64(100), int64(0)
+		if n, err := unix.CopyFileRange(int(f.Fd()), &offIn, int(out.Fd()), &offOut, 4, 0); err != nil || n != 4 {
+			t.Fatalf("copy_file_range: %d, %v", n, err)
+		}
+		if got := pread(t, out, 0, 10); string(got) != "data" {
+			t.Errorf("copied %q, want %q", got, "data")
+		}
+		if s := m.FS.V42Stats(); s.CopyFallbacks == 0 {
+			t.Errorf("the copy was not left to the kernel: %+v", s)
+		}
+	})
+}
