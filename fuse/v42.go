@@ -73,7 +73,6 @@ func (s *v42State) init(c v42Ops) {
 	}
 }
 
-
 // notSupp reports whether err is the server's refusal of an operation it
 // does not implement (RFC 8881 s15.1.1.7, NFS4ERR_NOTSUPP), after which
 // the mount stops asking.
