@@ -150,6 +150,8 @@ type FS struct {
 
 	heap heapBuffers // recycled write-back buffers (buffers.go)
 
+	v42 v42State // NFSv4.2 operations, when the session has them (v42.go)
+
 	// Stats are the FUSE layer's counters.
 	Stats Counters
 }
@@ -175,6 +177,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 	f.closed = sync.NewCond(&f.mu)
 	f.heap.size = c.WSize()
 	c.SetRecallHandler(f.recall)
+	f.v42.init(c)
 	f.bg, f.bgCancel = context.WithCancel(context.Background())
 	cred := c.Cred(0, 0, nil)
 	a, err := c.GetAttr(ctx, cred, c.RootFH())
@@ -191,7 +194,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		MaxWrite:       opts.MaxIO,
 		MaxReadAhead:   opts.MaxIO,
 		AllowOther:     opts.AllowOther,
-		DisableXAttrs:  true,
+		DisableXAttrs:  false, // xattr.go answers, on NFSv4.1 too (EOPNOTSUPP, no names)
 		Debug:          opts.Debug,
 		DisableSplice:  true, // replies are in memory already; a pipe adds a copy
 		MaxBackground:  64,

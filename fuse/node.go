@@ -435,8 +435,11 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 }
 
 // Rename sends RENAME, which replaces an existing target (RFC 8881
-// s18.26.4). RENAME_NOREPLACE is checked with a LOOKUP first (not atomic);
-// RENAME_EXCHANGE has no NFS counterpart.
+// s18.26.4). renameat2(2)'s flags are EINVAL, as Linux's NFS client
+// answers (nfs_rename): NFS has no RENAME_EXCHANGE, and RENAME_NOREPLACE
+// cannot be made safe: a LOOKUP before the RENAME leaves a window in
+// which another client's new target would be replaced, and LINK+REMOVE
+// works for no directory and may remove another client's new source.
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	if errno := n.fsys.checkName(name, newName); errno != 0 {
 		return errno
@@ -447,17 +450,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return syscall.EXDEV
 	}
 	cred := n.fsys.cred(ctx)
-	switch flags {
-	case 0:
-	case unix.RENAME_NOREPLACE:
-		_, _, err := n.fsys.c.Lookup(ctx, cred, np.handle(), newName)
-		if err == nil {
-			return syscall.EEXIST
-		}
-		if e := nfsclient.Errno(err); e != syscall.ENOENT {
-			return e
-		}
-	default:
+	if flags != 0 {
 		return syscall.EINVAL
 	}
 	ch := n.beginChange()

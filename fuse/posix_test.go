@@ -31,6 +31,7 @@ type peer struct {
 	rdma, v2           bool // RPC-over-RDMA (version 2 only when v2)
 	limitsOf           string
 	deleg              bool // let OPEN hand out delegations
+	minor              int  // NFSv4 minor version; 0: the client's default (4.2, or 4.1)
 }
 
 // forEachPeer runs f on every server: over TCP (tcpPeers), then over
@@ -69,11 +70,12 @@ func mountPeer(t *testing.T, p peer, opts fuse.Options) (string, *fuse.Mount) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := nfsclient.Dial(ctx, nfsclient.Config{
-		Transport:   p.transport(),
-		Export:      p.export,
-		RPC:         oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 3},
-		Tracer:      opts.Tracer,
-		Delegations: p.deleg,
+		Transport:    p.transport(),
+		Export:       p.export,
+		RPC:          oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 3},
+		Tracer:       opts.Tracer,
+		Delegations:  p.deleg,
+		MinorVersion: p.minor,
 	})
 	if err != nil {
 		t.Fatalf("%s: dial: %v", p.name, err)
@@ -187,10 +189,11 @@ var skipOnMount = map[string]knownSkip{
 	"RenameOpenDir": {why: "a directory removed by a rename is stale on the server", msg: "Fstat failed: stale file handle", mayPass: true},
 	// No O_TMPFILE over FUSE here: the open fails with EOPNOTSUPP.
 	"Tmpfile": {why: "no O_TMPFILE through the mount", msg: "FS does not support O_TMPFILE: operation not supported"},
-	// NFSv4.1 has no extended attributes (RFC 8276 adds them to
-	// NFSv4.2): setxattr(2) and getxattr(2) fail with EOPNOTSUPP.
-	"XAttr":      {why: "NFSv4.1 has no extended attributes", msg: "does not support xattrs"},
-	"XAttrLarge": {why: "NFSv4.1 has no extended attributes", msg: "Setxattr: operation not supported"},
+	// A server without extended attributes (NFSv4.1 has none; RFC 8276
+	// adds them to NFSv4.2): setxattr(2) and getxattr(2) fail with
+	// EOPNOTSUPP. TestPosix runs them where v42Support says XATTR.
+	"XAttr":      {why: "no extended attributes on the server", msg: "does not support xattrs"},
+	"XAttrLarge": {why: "no extended attributes on the server", msg: "Setxattr: operation not supported"},
 }
 
 // expectSkip returns how posixtest case name skips itself in dir (through
@@ -361,9 +364,9 @@ func checkFails(t *testing.T, name, dir string, f *knownFailure, mounted bool) {
 }
 
 // checkFallocate checks that fallocate(2), in both modes posixtest uses
-// (Fallocate and FallocateKeepSize), fails with EOPNOTSUPP and leaves the file as it was:
-// NFSv4.1 has no ALLOCATE (NFSv4.2, RFC 7862 s15.1), and Linux's NFSv4.1
-// client fails fallocate the same way.
+// (Fallocate and FallocateKeepSize), fails with EOPNOTSUPP and leaves the
+// file as it was, on a server without ALLOCATE (NFSv4.2, RFC 7862
+// s15.1; NFSv4.1 has none): Linux's client fails fallocate the same way.
 func checkFallocate(t *testing.T, dir string) {
 	t.Helper()
 	f, err := os.Create(filepath.Join(dir, "file"))
@@ -434,8 +437,10 @@ func TestPosixLocal(t *testing.T) {
 // TestPosix runs go-fuse's POSIX tests through the mount. The cases in
 // failOnMount, and in serverLimits for the server, must fail with their
 // messages, those in skipOnMount must skip themselves with theirs;
-// Fallocate and FallocateKeepSize must fail with EOPNOTSUPP. No case is
-// skipped by this test.
+// Fallocate and FallocateKeepSize must fail with EOPNOTSUPP where the
+// server has no ALLOCATE, and pass where it has; XAttr and XAttrLarge
+// must pass where the server has xattrs (v42Support). No case is skipped
+// by this test.
 func TestPosix(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, p peer) {
 		mnt, _ := mountPeer(t, p, fuse.Options{})
@@ -447,14 +452,30 @@ func TestPosix(t *testing.T) {
 					checkFails(t, name, d, &f, true)
 					return
 				}
-				if name == "Fallocate" || name == "FallocateKeepSize" {
+				if (name == "Fallocate" || name == "FallocateKeepSize") && !v42Support[p.limitsOf]["ALLOCATE"] {
 					checkFallocate(t, d)
+					return
+				}
+				if (name == "XAttr" || name == "XAttrLarge") && v42Support[p.limitsOf]["XATTR"] {
+					// NFSv4.2 xattrs (RFC 8276): the case runs.
+					mustRun(t, name, d)
 					return
 				}
 				checkPosixCase(t, name, d, true)
 			})
 		}
 	})
+}
+
+// mustRun runs case name in dir, which must neither fail nor skip.
+func mustRun(t *testing.T, name, dir string) {
+	t.Helper()
+	defer func() {
+		if t.Skipped() {
+			t.Errorf("%s skipped itself in %s, where it should run", name, dir)
+		}
+	}()
+	posixtest.All[name](t, dir)
 }
 
 // TestPosixCaseChild runs one posixtest case for runPosixCase, in a

@@ -34,8 +34,11 @@ type KnfsdOptions struct {
 }
 
 // Knfsd is a Linux knfsd running in a kpeer qemu guest. It exports /export
-// (tmpfs) as the NFSv4 pseudo-root (fsid=0), so the root filehandle is the
-// export; connections from the host appear in the guest as 10.0.2.2.
+// (ext4 on a 256 MiB RAM disk, mounted user_xattr, so that the export has
+// user.* extended attributes; kpeer.exportfs=tmpfs in KnfsdOptions.Append
+// gives the tmpfs of earlier versions, which has none) as the NFSv4
+// pseudo-root (fsid=0), so the root filehandle is the export; connections
+// from the host appear in the guest as 10.0.2.2.
 type Knfsd struct {
 	TCPAddr   string // NFS over TCP, "127.0.0.1:port"
 	RDMAAddr  string // RPC-over-RDMA on soft-iWARP (siw), "127.0.0.1:port"
@@ -176,8 +179,8 @@ func appendOpts(opts KnfsdOptions) string {
 // connections; it comes back with a new boot time (old client IDs are
 // NFS4ERR_STALE_CLIENTID, sessions NFS4ERR_BADSESSION) and a new write
 // verifier, in a grace period (kpeer.grace seconds) in which the clients
-// it recorded may reclaim their state (RFC 8881 s8.4.2). The tmpfs export
-// keeps its files. Restart returns once NFS over TCP answers again.
+// it recorded may reclaim their state (RFC 8881 s8.4.2). The export keeps
+// its files. Restart returns once NFS over TCP answers again.
 func (k *Knfsd) Restart(ctx context.Context) error {
 	return k.restart(ctx, "kpeer-restart-nfsd")
 }

@@ -243,6 +243,48 @@ if [ -n "${KPEER_EXTRA_MODS:-}" ]; then
   fi
 fi
 
+# The ext4 export (guest/init kpeer.exportfs=ext4, the default): Linux 6.1's
+# tmpfs has no user.* extended attributes (RFC 8276 GETXATTR etc. need
+# them), ext4 does. ext4 and brd (the RAM disk it is made on) with their
+# module dependencies, mke2fs, and getfattr/setfattr for the control shell
+# go into a cpio of their own, so the base cache (and its CACHE_REV, shared
+# with every run.sh using the build dir) stays as it is.
+FSREV=1
+FSCPIO=$B/exportfs-ext4-rev$FSREV.cpio
+if [ "$REBUILD" = 1 ] || [ ! -s "$FSCPIO" ]; then
+  msg "ext4 export: ext4 and brd modules, e2fsprogs, attr"
+  X=$B/fsx
+  rm -rf "$X"; mkdir -p "$X/debs" "$X/stage" "$X/root/etc/kpeer" "$X/root/lib/modules/$KVER/exportfs" \
+    "$X/root/sbin" "$X/root/usr/bin" "$X/root/lib/x86_64-linux-gnu"
+  chmod 777 "$X/debs"
+  FSPKGS="linux-image-$KVER e2fsprogs libext2fs2 libss2 libcom-err2 libblkid1 libuuid1 libc6 attr libattr1"
+  # shellcheck disable=SC2086  # FSPKGS is a word list
+  fsdl() { ( cd "$X/debs" && apt-get download -q $FSPKGS >&2 ); }
+  fsdl || { apt-get update "${APT_OPTS[@]}" >&2; fsdl; }
+  for d in "$X"/debs/*.deb; do dpkg-deb -x "$d" "$X/stage"; done
+  FSMODS=$(python3 "$HERE/tools/closure.py" mods "$X/stage/lib/modules/$KVER" ext4 brd)
+  : > "$X/root/etc/kpeer/exportfs-modules.order"
+  for m in $FSMODS; do
+    k=$(basename "$m"); k=${k%.xz}; k=${k%.zst}
+    case "$m" in
+      *.ko.xz) xz -dc "$m" > "$X/root/lib/modules/$KVER/exportfs/$k" ;;
+      *.ko.zst) zstd -qdc "$m" > "$X/root/lib/modules/$KVER/exportfs/$k" ;;
+      *) cp "$m" "$X/root/lib/modules/$KVER/exportfs/$k" ;;
+    esac
+    echo "/lib/modules/$KVER/exportfs/$k" >> "$X/root/etc/kpeer/exportfs-modules.order"
+  done
+  FSBINS="sbin/mke2fs usr/bin/getfattr usr/bin/setfattr"
+  for b in $FSBINS; do cp "$X/stage/$b" "$X/root/$b"; done
+  ln -s mke2fs "$X/root/sbin/mkfs.ext4"
+  # shellcheck disable=SC2086  # FSBINS is a word list
+  for l in $(cd "$X/stage" && python3 "$HERE/tools/closure.py" libs . $FSBINS); do
+    cp -L "$X/stage/$l" "$X/root/lib/x86_64-linux-gnu/$(basename "$l")"
+  done
+  ( cd "$X/root" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null ) > "$FSCPIO.tmp"
+  mv "$FSCPIO.tmp" "$FSCPIO"
+  rm -rf "$X"
+fi
+
 if [ "$BUILD_ONLY" = 1 ]; then
   exec 9>&-
   msg "build only: cache ready in $B"
@@ -283,7 +325,7 @@ if [ -n "${KPEER_EXTRA:-}" ] || [ "${KPEER_EXTRA_RDMA_USER:-0}" = 1 ]; then
   fi
 fi
 cp "$KERNEL" "$R/vmlinuz"
-{ cat "$B/base.cpio"; [ -z "$XCPIO" ] || cat "$XCPIO"; ( cd "$OV" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null ); } > "$R/initrd.cpio"
+{ cat "$B/base.cpio" "$FSCPIO"; [ -z "$XCPIO" ] || cat "$XCPIO"; ( cd "$OV" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null ); } > "$R/initrd.cpio"
 rm -rf "$OV"
 exec 9>&-   # release the build lock; qemu must not inherit it
 
