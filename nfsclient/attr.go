@@ -25,27 +25,42 @@ const (
 	attrLeaseTime       = 10
 	attrRdattrError     = 11
 	attrACLSupport      = 13
+	attrArchive         = 14
+	attrCanSetTime      = 15
+	attrCaseInsensitive = 16
+	attrCasePreserving  = 17
+	attrChownRestricted = 18
 	attrFileHandle      = 19
 	attrFileID          = 20
 	attrFilesAvail      = 21
 	attrFilesFree       = 22
 	attrFilesTotal      = 23
+	attrHidden          = 25
+	attrHomogeneous     = 26
 	attrMaxFileSize     = 27
 	attrMaxLink         = 28
 	attrMaxName         = 29
 	attrMaxRead         = 30
 	attrMaxWrite        = 31
 	attrMode            = 33
+	attrNoTrunc         = 34
 	attrNumLinks        = 35
 	attrOwner           = 36
 	attrOwnerGroup      = 37
+	attrQuotaAvailHard  = 38
+	attrQuotaAvailSoft  = 39
+	attrQuotaUsed       = 40
 	attrRawDev          = 41
 	attrSpaceAvail      = 42
 	attrSpaceFree       = 43
 	attrSpaceTotal      = 44
 	attrSpaceUsed       = 45
+	attrSystem          = 46
 	attrTimeAccess      = 47
 	attrTimeAccessSet   = 48
+	attrTimeBackup      = 49
+	attrTimeCreate      = 50
+	attrTimeDelta       = 51
 	attrTimeMetadata    = 52
 	attrTimeModify      = 53
 	attrTimeModifySet   = 54
@@ -79,6 +94,8 @@ func (b Bitmap) encode(e *xdr.Encoder) {
 		e.Uint32(w)
 	}
 }
+
+func (b *Bitmap) decode(d *xdr.Decoder) { *b = decodeBitmap(d) }
 
 func decodeBitmap(d *xdr.Decoder) Bitmap {
 	var b Bitmap
@@ -208,7 +225,8 @@ func decodeAttrVals(d *xdr.Decoder, mask Bitmap, a *Attr) {
 			a.LinkSupport = d.Bool()
 		case attrSymlinkSupport:
 			a.SymSupport = d.Bool()
-		case attrNamedAttr, attrUniqueHandles, 14, 15, 16, 17, 18, 25, 26, 34, 46:
+		case attrNamedAttr, attrUniqueHandles, attrArchive, attrCanSetTime, attrCaseInsensitive,
+			attrCasePreserving, attrChownRestricted, attrHidden, attrHomogeneous, attrNoTrunc, attrSystem:
 			d.Bool()
 		case attrFSID:
 			a.FSID.Major, a.FSID.Minor = d.Uint64(), d.Uint64()
@@ -264,11 +282,11 @@ func decodeAttrVals(d *xdr.Decoder, mask Bitmap, a *Attr) {
 			a.Ctime = decodeTime(d)
 		case attrTimeModify:
 			a.Mtime = decodeTime(d)
-		case 49, 50, 51: // time_backup, time_create, time_delta
+		case attrTimeBackup, attrTimeCreate, attrTimeDelta:
 			decodeTime(d)
 		case attrMountedOnFileID:
 			a.MountedOn = d.Uint64()
-		case 38, 39, 40: // quota
+		case attrQuotaAvailHard, attrQuotaAvailSoft, attrQuotaUsed:
 			d.Uint64()
 		default:
 			d.SetErr(fmt.Errorf("attribute %d was not requested and cannot be decoded", n))

@@ -27,13 +27,14 @@ func BenchmarkReadCompound(b *testing.B) {
 	fh := make([]byte, 28)
 	var cp compound
 	var r results
+	var out readOut
 	b.SetBytes(4096)
 	b.ReportAllocs()
 	for b.Loop() {
 		cp.reset(rpc, oncrpc.AuthNone, "")
 		cp.sequence(testSession, 7, 3, 5)
 		cp.putFH(fh)
-		cp.read(StateID{}, 0, dest)
+		cp.read(StateID{}, 0, dest, &out)
 		cp.call()
 		if err := r.init(&cp, rep); err != nil {
 			b.Fatal(err)
@@ -41,11 +42,8 @@ func BenchmarkReadCompound(b *testing.B) {
 		if _, _, _, err := r.decodeSequence(testSession); err != nil {
 			b.Fatal(err)
 		}
-		if err := r.voidOp(opPutFH); err != nil {
-			b.Fatal(err)
-		}
-		if n, _, err := r.decodeRead(); err != nil || n != 4096 {
-			b.Fatal(n, err)
+		if err := r.decodeAll(&cp); err != nil || out.n != 4096 {
+			b.Fatal(out.n, err)
 		}
 	}
 }

@@ -250,12 +250,7 @@ func (s *callbackServer) sequence(d *xdr.Decoder, r *cbResults) (*cbSlot, uint32
 func (c *Client) delegReturn(ctx context.Context, sid StateID, fh []byte) error {
 	err := c.do(ctx, c.sysCred, func(cp *compound) {
 		cp.putFH(fh)
-		cp.delegReturn(sid)
-	}, func(r *results) error {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		return r.voidOp(opDelegReturn)
+		cp.add(&delegReturnOp{args: delegreturn4args{delegStateid: sid}})
 	})
 	if err != nil {
 		return fmt.Errorf("DELEGRETURN: %w", err)

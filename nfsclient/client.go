@@ -172,36 +172,23 @@ func (c *Client) mountRoot(ctx context.Context) error {
 		}
 	}
 	var a Attr
+	var fh getFHOp
 	err := c.do(ctx, c.sysCred, func(cp *compound) {
 		cp.putRootFH()
 		for _, p := range parts {
-			cp.lookup(p)
+			cp.add(&lookupOp{args: lookup4args{objname: p}})
 		}
-		cp.getFH()
-		cp.getAttr(serverAttrs)
-	}, func(r *results) error {
-		if err := r.voidOp(opPutRootFH); err != nil {
-			return err
-		}
-		for range parts {
-			if err := r.voidOp(opLookup); err != nil {
-				return err
-			}
-		}
-		fh, err := r.decodeGetFH()
-		if err != nil {
-			return err
-		}
-		c.rootFH = fh
-		return r.decodeGetAttr(&a)
+		cp.add(&fh)
+		cp.getAttr(serverAttrs, &a)
 	})
+	c.rootFH = fh.res.object
 	if err != nil {
 		return fmt.Errorf("export %q: %w", "/"+strings.Join(parts, "/"), err)
 	}
 	c.lease = time.Duration(max(a.LeaseTime, 5)) * time.Second
 	s := c.sess.Load()
-	c.rsize = clampIO(c.cfg.RSize, int(s.fore.MaxResponse)-8192, a.MaxRead)
-	c.wsize = clampIO(c.cfg.WSize, int(s.fore.MaxRequest)-8192, a.MaxWrite)
+	c.rsize = clampIO(c.cfg.RSize, int(s.fore.maxresponsesize)-8192, a.MaxRead)
+	c.wsize = clampIO(c.cfg.WSize, int(s.fore.maxrequestsize)-8192, a.MaxWrite)
 	c.maxLen = a.MaxFileSize
 	c.lastRenew.Store(time.Now().UnixNano())
 	c.trace("mounted %s: lease=%v rsize=%d wsize=%d", c.cfg.Export, c.lease, c.rsize, c.wsize)
@@ -291,11 +278,13 @@ func (c *Client) trace(format string, args ...any) {
 
 var compoundPool = sync.Pool{New: func() any { return new(compound) }}
 
-// do runs one COMPOUND in the session: SEQUENCE, then what build adds.
-// parse decodes the results after SEQUENCE; it must copy what it keeps.
-// do retries after NFS4ERR_DELAY and NFS4ERR_GRACE with backoff, and
-// recovers the session or client ID when the server lost them.
-func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*compound), parse func(*results) error) error {
+// do runs one COMPOUND in the session: SEQUENCE, then the operations
+// build adds, each of which decodes its own result (build runs again for
+// each attempt, so stateids are looked up afresh after a recovery). It
+// applies the op-level error policy (opRetry): retries after
+// NFS4ERR_DELAY and NFS4ERR_GRACE with backoff, and recovers the client
+// ID or stale stateids; send (sequence.go) handles the session.
+func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*compound)) error {
 	cp := compoundPool.Get().(*compound)
 	defer compoundPool.Put(cp)
 	var r results
@@ -306,146 +295,73 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 				return err
 			}
 		}
-		if err := c.waitGate(ctx); err != nil {
-			return err
-		}
-		epoch := c.epoch.Load()
-		s := c.sess.Load()
-		if s == nil {
-			return fmt.Errorf("nfs: %w", oncrpc.ErrClosed)
-		}
-		slot, seq, highest, err := s.slots.acquire(ctx)
-		if errors.Is(err, errNoSlots) {
-			if err := c.recoverSession(ctx, s, err); err != nil {
-				return err
-			}
+		x, err := c.send(ctx, cred, cp, &r, build)
+		if errors.Is(err, errRetry) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		cp.reset(c.rpc, cred, "")
-		cp.sequence(s.id, seq, slot, highest)
-		build(cp)
-		if cp.err != nil {
-			s.slots.release(slot, false, false, -1)
-			return cp.err
-		}
-		start := time.Now()
-		call := cp.call()
-		rep, err := c.rpc.Do(ctx, call)
-		if err != nil {
-			// The server may or may not have executed the request; an
-			// RPC-level rejection means it did not.
-			var ae *oncrpc.AcceptError
-			var de *oncrpc.DeniedError
-			known := errors.As(err, &ae) || errors.As(err, &de)
-			s.slots.release(slot, false, !known, -1)
-			c.traceCompound(cp, call, 0, err, start)
-			return err
-		}
-		if err := r.init(cp, rep); err != nil {
-			s.slots.release(slot, false, true, -1)
-			rep.Release()
-			return err
-		}
-		st, target, flags, err := r.decodeSequence(s.id)
-		if err != nil {
-			s.slots.release(slot, false, true, -1)
-			rep.Release()
-			return err
-		}
-		switch st {
-		case StatusOK:
-			s.slots.release(slot, true, false, target)
-			c.lastRenew.Store(time.Now().UnixNano())
-			c.checkSeqFlags(flags)
-		case ErrBadSession, ErrDeadSession, ErrConnNotBound:
-			s.slots.release(slot, false, false, -1)
-			rep.Release()
-			if inRecovery(ctx) {
-				// The server went away again during the recovery.
-				return &OpError{Op: "SEQUENCE", Status: st}
-			}
-			if err := c.recoverSession(ctx, s, st); err != nil {
-				return err
-			}
-			continue
-		case ErrDelay:
-			s.slots.release(slot, false, false, -1)
-			rep.Release()
-			continue
-		case ErrBadSlot, ErrSeqMisordered, ErrSeqFalseRetry, ErrBadHighSlot:
-			s.slots.release(slot, false, true, -1)
-			rep.Release()
-			continue
-		case ErrStaleClientID, ErrExpired:
-			s.slots.release(slot, false, false, -1)
-			rep.Release()
-			if inRecovery(ctx) {
-				return &OpError{Op: "SEQUENCE", Status: st}
-			}
-			if err := c.recoverClient(ctx, s, st); err != nil {
-				return err
-			}
-			continue
-		default:
-			s.slots.release(slot, false, false, -1)
-			rep.Release()
-			return &OpError{Op: "SEQUENCE", Status: st}
-		}
-		err = parse(&r)
+		err = r.decodeAll(cp)
 		if err == nil && r.held != nil {
-			*r.held = rep.Release // the caller holds slices of the reply
+			*r.held = x.rep.Release // the caller holds slices of the reply
 		} else {
-			rep.Release()
+			x.rep.Release()
 		}
 		c.stats.copied.Add(uint64(r.copied))
-		c.traceCompound(cp, call, r.status, err, start)
-		c.stats.record(cp.ops, time.Since(start), call.Len(), err)
-		var oe *OpError
-		if errors.As(err, &oe) {
-			switch oe.Status {
-			case ErrDelay, ErrGrace:
-				continue
-			case ErrRetryUncachedRep:
-				// A retransmission found the server executed the request
-				// without caching its reply. Idempotent compounds are
-				// sent again on a fresh sequence; others report it.
-				if !cp.cacheThis {
-					continue
-				}
-			case ErrStaleClientID:
-				if inRecovery(ctx) {
-					return err
-				}
-				if err := c.recoverClient(ctx, s, oe.Status); err != nil {
-					return err
-				}
-				continue
-			case ErrStaleStateID, ErrBadStateID:
-				// A stateid from before a server restart: sent again
-				// with the reclaimed one if a recovery ran meanwhile
-				// (RFC 8881 s8.4.2); a stale one with no recovery yet
-				// makes one, which finds out whether the client ID is
-				// gone (s8.2.2).
-				if inRecovery(ctx) || staleRetries >= 3 {
-					return err
-				}
-				staleRetries++
-				if c.epoch.Load() != epoch {
-					continue
-				}
-				if oe.Status == ErrStaleStateID {
-					if err := c.recoverSession(ctx, s, oe.Status); err != nil {
-						return err
-					}
-					continue
-				}
-			}
+		c.traceCompound(cp, x.call, r.status, err, x.start)
+		c.stats.record(cp.ops, time.Since(x.start), x.call.Len(), err)
+		retry, err := c.opRetry(ctx, cp, x, err, &staleRetries)
+		if !retry {
+			return err
 		}
-		return err
 	}
+}
+
+// opRetry is the op-level error policy: whether a COMPOUND whose
+// operation failed with err is sent again (after a recovery it runs),
+// or the error to return.
+func (c *Client) opRetry(ctx context.Context, cp *compound, x sent, err error, staleRetries *int) (bool, error) {
+	var oe *OpError
+	if !errors.As(err, &oe) {
+		return false, err
+	}
+	switch oe.Status {
+	case ErrDelay, ErrGrace:
+		return true, nil
+	case ErrRetryUncachedRep:
+		// A retransmission found the server executed the request
+		// without caching its reply. Idempotent compounds are sent
+		// again on a fresh sequence; others report it.
+		return !cp.cacheThis, err
+	case ErrStaleClientID:
+		if inRecovery(ctx) {
+			return false, err
+		}
+		if err := c.recoverClient(ctx, x.s, oe.Status); err != nil {
+			return false, err
+		}
+		return true, nil
+	case ErrStaleStateID, ErrBadStateID:
+		// A stateid from before a server restart: sent again with the
+		// reclaimed one if a recovery ran meanwhile (RFC 8881 s8.4.2);
+		// a stale one with no recovery yet makes one, which finds out
+		// whether the client ID is gone (s8.2.2).
+		if inRecovery(ctx) || *staleRetries >= 3 {
+			return false, err
+		}
+		*staleRetries++
+		if c.epoch.Load() != x.epoch {
+			return true, nil
+		}
+		if oe.Status == ErrStaleStateID {
+			if err := c.recoverSession(ctx, x.s, oe.Status); err != nil {
+				return false, err
+			}
+			return true, nil
+		}
+	}
+	return false, err
 }
 
 func (c *Client) traceCompound(cp *compound, call *oncrpc.Call, st Status, err error, start time.Time) {
@@ -462,20 +378,6 @@ func (c *Client) traceCompound(cp *compound, call *oncrpc.Call, st Status, err e
 	}
 	c.tracer.Printf(trace.NFS, "xid=%#08x %s len=%d bulk=%d status=%s time=%v",
 		cp.xid, strings.Join(names, "|"), call.Len(), len(call.Bulk), res, time.Since(start).Round(time.Microsecond))
-}
-
-// checkSeqFlags acts on SEQUENCE status flags (RFC 8881 s18.46.3).
-func (c *Client) checkSeqFlags(flags uint32) {
-	if flags&(seq4StatusCBPathDown|seq4StatusCBPathDownSession|seq4StatusBackchannelFault) != 0 &&
-		!c.cfg.NoBackChannel && c.bindBusy.CompareAndSwap(false, true) {
-		// A reconnect left the back channel without a connection.
-		go func() {
-			defer c.bindBusy.Store(false)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			c.bindConn(ctx)
-		}()
-	}
 }
 
 func retryDelay(attempt int) time.Duration {

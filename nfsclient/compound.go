@@ -1,6 +1,7 @@
 package nfsclient
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/rdmafs/rdmafs/internal/xdr"
@@ -16,7 +17,7 @@ type StateID struct {
 // Decoding limits: generous bounds that no real server reaches.
 const (
 	maxTagLen      = 1024
-	maxNameLen     = 4096
+	maxNameLen     = nfs4NameLimit
 	maxCompoundOps = 64
 )
 
@@ -25,25 +26,62 @@ func (s StateID) encode(e *xdr.Encoder) {
 	e.FixedOpaque(s.Other[:])
 }
 
-func decodeStateID(d *xdr.Decoder) StateID {
-	var s StateID
+func (s *StateID) decode(d *xdr.Decoder) {
 	s.Seq = d.Uint32()
 	copy(s.Other[:], d.FixedOpaque(12))
+}
+
+func decodeStateID(d *xdr.Decoder) StateID {
+	var s StateID
+	s.decode(d)
 	return s
 }
 
+// rawXDR is an item encoded already (an AUTH_SYS credential body).
+type rawXDR []byte
+
+func (r rawXDR) encode(e *xdr.Encoder) { e.FixedOpaque(r) }
+
+// opSpec is what the client knows of an operation (declared once, in
+// nfs4.x): its name, whether a non-idempotent COMPOUND holding it asks
+// the server to cache the reply, its share of the reply-size estimate.
+type opSpec struct {
+	name   string
+	cached bool
+	reply  int
+}
+
+// An nfsOp is one operation of a COMPOUND with its codec: most are
+// generated from nfs4.x (nfs4_xdr.go); the hot path's are below.
+// encodeArgs appends the arguments after the operation number;
+// decodeRes reads the result body after an NFS4_OK status, and copies
+// what it keeps.
+type nfsOp interface {
+	num() uint32
+	encodeArgs(cp *compound)
+	decodeRes(r *results) error
+}
+
+// A failDecoder is an op with a result body after some failure status
+// (LOCK4denied after NFS4ERR_DENIED; SETATTR's attrsset after any).
+type failDecoder interface {
+	decodeFail(r *results, st Status)
+}
+
 // compound builds the arguments of one COMPOUND request (RFC 8881
-// s16.2.3) behind the RPC header, and remembers the operation list so
-// the reply can be checked against it.
+// s16.2.3) behind the RPC header, and remembers the operations so their
+// results can be decoded from the reply.
 type compound struct {
 	e      xdr.Encoder
 	xid    uint32
 	numAt  int
 	ops    []uint32
-	bulk   []byte // WRITE data, sent between Head and Tail
-	split  int    // where bulk goes in e; valid when bulk != nil
-	dest   []byte // READ/READLINK destination
-	maxRep int    // estimated reply size beyond dest
+	decs   []nfsOp // per op: its result decoder; nil for a void result
+	softAt int     // from this op on, a failure ends decoding without error; 0: none
+	bulk   []byte  // WRITE data, sent between Head and Tail
+	split  int     // where bulk goes in e; valid when bulk != nil
+	dest   []byte  // READ/READLINK destination
+	maxRep int     // estimated reply size beyond dest
 
 	// cacheThis asks the server to keep the reply in the slot's replay
 	// cache; set for compounds that are not idempotent, so a
@@ -56,30 +94,63 @@ type compound struct {
 	// open lost in a server restart).
 	err error
 
+	// Hot-path ops live in the compound, which is pooled, so that a
+	// READ or a GETATTR allocates nothing.
+	rd    readOp
+	wr    writeOp
+	attrs [4]getAttrOp
+	nattr int
+
 	rpcCall oncrpc.Call // returned by call, reused to keep the hot path allocation-free
 }
 
 func (c *compound) reset(rpc *oncrpc.Client, cred oncrpc.Credential, tag string) {
+	c.resetMinor(rpc, cred, tag, minorVersion1)
+}
+
+func (c *compound) resetMinor(rpc *oncrpc.Client, cred oncrpc.Credential, tag string, minor uint32) {
 	c.e.Reset(c.e.Bytes())
 	c.ops = c.ops[:0]
+	clear(c.decs)
+	c.decs = c.decs[:0]
+	c.softAt = 0
 	c.bulk, c.dest, c.maxRep = nil, nil, 0
 	c.cacheThis, c.cacheAt = false, 0
 	c.err = nil
+	clear(c.attrs[:c.nattr]) // rd and wr are set whole when used
+	c.nattr = 0
 	c.xid = rpc.StartCall(&c.e, procCompound, cred)
 	c.e.String(tag)
-	c.e.Uint32(minorVersion1)
+	c.e.Uint32(minor)
 	c.numAt = c.e.Reserve(4)
 }
 
+// op appends operation code with no arguments yet and a void result.
 func (c *compound) op(code uint32) {
-	switch code {
-	case opOpen, opClose, opCreate, opRemove, opRename, opLink, opSetAttr, opDelegReturn, opReclaimComplete:
+	spec, _ := opSpecOf(code)
+	if spec.cached {
 		c.cacheThis = true
 	}
 	c.ops = append(c.ops, code)
+	c.decs = append(c.decs, nil)
 	c.e.Uint32(code)
-	c.maxRep += 128 // per-op result overhead, generous for small results
+	c.maxRep += max(spec.reply, 128) // per-op result overhead, generous for small results
 }
+
+// add appends operations with their arguments; each decodes its own
+// result from the reply.
+func (c *compound) add(ops ...nfsOp) {
+	for _, o := range ops {
+		c.op(o.num())
+		c.decs[len(c.decs)-1] = o
+		o.encodeArgs(c)
+	}
+}
+
+// optional marks the operations added from now on as ones the caller can
+// do without (post-operation attributes): when one fails, or the server
+// stopped before it, decoding ends there and the COMPOUND succeeds.
+func (c *compound) optional() { c.softAt = len(c.ops) }
 
 // call returns the RPC call in its parts.
 func (c *compound) call() *oncrpc.Call {
@@ -106,8 +177,8 @@ type results struct {
 	nplace int    // how many bytes it placed
 	dest   []byte // READ/READLINK destination
 	copied int    // READ data bytes copied from the reply into dest
-	// held, set by a parse that returns slices of the reply, receives
-	// the reply's release once the parse succeeded (Client.do).
+	// held, set by a decoder that returns slices of the reply, receives
+	// the reply's release once decoding succeeded (Client.do).
 	held *func()
 }
 
@@ -130,8 +201,7 @@ func (r *results) init(c *compound, rep *oncrpc.Reply) error {
 }
 
 // next reads the header of the next result, which must be for op. It
-// returns an *OpError when the operation failed; the result body of a
-// failed operation is void except where the caller decodes it.
+// returns an *OpError when the operation failed.
 func (r *results) next(op uint32) error {
 	if r.i >= len(r.ops) || r.ops[r.i] != op {
 		return fmt.Errorf("%w: decoder out of step at result %d", ErrProtocol, r.i)
@@ -163,8 +233,56 @@ func (r *results) check(op uint32) error {
 	return nil
 }
 
-// Operation encoders (RFC 8881 s18) and their result decoders. Each
-// decodeX reads the header with next and then the op's resok body.
+// voidOp reads the result of an operation whose body is void.
+func (r *results) voidOp(op uint32) error { return r.next(op) }
+
+// decodeOp reads the result of op: its header, then its body after
+// NFS4_OK or, for a failDecoder, the body that follows a failure.
+func (r *results) decodeOp(op nfsOp) error {
+	num := op.num()
+	before := r.i
+	err := r.next(num)
+	if err != nil {
+		var oe *OpError
+		if fd, ok := op.(failDecoder); ok && r.i > before && errors.As(err, &oe) {
+			fd.decodeFail(r, oe.Status)
+			if cerr := r.check(num); cerr != nil {
+				return cerr
+			}
+		}
+		return err
+	}
+	if err := op.decodeRes(r); err != nil {
+		return err
+	}
+	return r.check(num)
+}
+
+// decodeAll reads the results of the operations from r's position on
+// (after SEQUENCE) into the operations, stopping at the first that
+// failed; a failure among optional operations ends decoding without an
+// error.
+func (r *results) decodeAll(cp *compound) error {
+	for i := r.i; i < len(cp.ops); i++ {
+		var err error
+		if op := cp.decs[i]; op != nil {
+			err = r.decodeOp(op)
+		} else {
+			err = r.next(cp.ops[i])
+		}
+		if err != nil {
+			if cp.softAt > 0 && i >= cp.softAt {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// The hand-written operations: what must stay allocation- and copy-free
+// (PUTFH, GETATTR, READ, WRITE; SEQUENCE is in session.go) and READDIR,
+// whose entries are attribute lists.
 
 func (c *compound) putFH(fh []byte) {
 	c.op(opPutFH)
@@ -172,313 +290,195 @@ func (c *compound) putFH(fh []byte) {
 }
 
 func (c *compound) putRootFH() { c.op(opPutRootFH) }
-func (c *compound) getFH()     { c.op(opGetFH) }
 func (c *compound) saveFH()    { c.op(opSaveFH) }
 func (c *compound) restoreFH() { c.op(opRestoreFH) }
-func (c *compound) lookupP()   { c.op(opLookupP) }
 
-func (c *compound) lookup(name string) {
-	c.op(opLookup)
-	c.e.String(name)
+// getAttrOp is GETATTR (RFC 8881 s18.7): the attributes go to dst, and
+// ok (if set) says they came.
+type getAttrOp struct {
+	mask Bitmap
+	dst  *Attr
+	ok   *bool
 }
 
-func (c *compound) getAttr(mask Bitmap) {
-	c.op(opGetAttr)
-	mask.encode(&c.e)
-	c.maxRep += 512
-}
-
-func (r *results) voidOp(op uint32) error { return r.next(op) }
-
-func (r *results) decodeGetFH() ([]byte, error) {
-	if err := r.next(opGetFH); err != nil {
-		return nil, err
+func (*getAttrOp) num() uint32               { return opGetAttr }
+func (o *getAttrOp) encodeArgs(cp *compound) { o.mask.encode(&cp.e) }
+func (o *getAttrOp) decodeRes(r *results) error {
+	var a Attr
+	dst := o.dst
+	if dst == nil {
+		dst = &a
 	}
-	fh := r.d.Opaque(maxFHSize)
-	if err := r.check(opGetFH); err != nil {
-		return nil, err
+	decodeFattr(&r.d, dst)
+	if o.ok != nil && r.d.Err() == nil {
+		*o.ok = true
 	}
-	return append([]byte(nil), fh...), nil
+	return nil
 }
 
+// getAttr adds a GETATTR for mask whose attributes go to dst (nil: read
+// and dropped); ok, if not nil, is set when they arrived.
+func (c *compound) getAttr(mask Bitmap, dst *Attr, ok ...*bool) {
+	var o *getAttrOp
+	if c.nattr < len(c.attrs) {
+		o = &c.attrs[c.nattr]
+		c.nattr++
+	} else {
+		o = new(getAttrOp)
+	}
+	*o = getAttrOp{mask: mask, dst: dst}
+	if len(ok) > 0 {
+		o.ok = ok[0]
+	}
+	c.add(o)
+}
+
+// decodeGetAttr reads a GETATTR result into a.
 func (r *results) decodeGetAttr(a *Attr) error {
-	if err := r.next(opGetAttr); err != nil {
-		return err
-	}
-	decodeFattr(&r.d, a)
-	return r.check(opGetAttr)
+	return r.decodeOp(&getAttrOp{dst: a})
 }
 
-func (c *compound) access(mask uint32) {
-	c.op(opAccess)
-	c.e.Uint32(mask)
-}
-
-func (r *results) decodeAccess() (supported, granted uint32, err error) {
-	if err := r.next(opAccess); err != nil {
-		return 0, 0, err
-	}
-	supported, granted = r.d.Uint32(), r.d.Uint32()
-	return supported, granted, r.check(opAccess)
-}
-
-func (c *compound) setAttr(sid StateID, sa *SetAttr) {
-	c.op(opSetAttr)
-	sid.encode(&c.e)
-	sa.encode(&c.e)
-}
-
-// decodeSetAttr reads a SETATTR result; attrsset follows the status on
-// success and failure alike (RFC 8881 s18.30.2).
-func (r *results) decodeSetAttr() error {
-	err := r.next(opSetAttr)
-	if _, ok := err.(*OpError); err != nil && !ok {
-		return err
-	}
-	if r.i <= r.nres {
-		decodeBitmap(&r.d)
-		if cerr := r.check(opSetAttr); cerr != nil {
-			return cerr
-		}
-	}
-	return err
-}
-
-// changeInfo is a change_info4 (RFC 8881 s3.3.12).
-type changeInfo struct {
-	Atomic        bool
-	Before, After uint64
-}
-
-func decodeChangeInfo(d *xdr.Decoder) changeInfo {
-	return changeInfo{Atomic: d.Bool(), Before: d.Uint64(), After: d.Uint64()}
-}
-
-func (c *compound) remove(name string) {
-	c.op(opRemove)
-	c.e.String(name)
-}
-
-// decodeChangeOp decodes REMOVE, LINK or RENAME: the directory's
-// change_info4, and for RENAME the source's then the target's
-// (RFC 8881 s18.26.2).
-func (r *results) decodeChangeOp(op uint32) (ci, ci2 changeInfo, err error) {
-	if err := r.next(op); err != nil {
-		return ci, ci2, err
-	}
-	ci = decodeChangeInfo(&r.d)
-	if op == opRename {
-		ci2 = decodeChangeInfo(&r.d)
-	}
-	return ci, ci2, r.check(op)
-}
-
-func (c *compound) rename(oldName, newName string) {
-	c.op(opRename)
-	c.e.String(oldName)
-	c.e.String(newName)
-}
-
-func (c *compound) link(name string) {
-	c.op(opLink)
-	c.e.String(name)
-}
-
-func (c *compound) readLink() { c.op(opReadLink) }
-
-func (r *results) decodeReadLink() (string, error) {
-	if err := r.next(opReadLink); err != nil {
-		return "", err
-	}
-	s := r.d.String(maxNameLen)
-	return s, r.check(opReadLink)
-}
-
-// createKind is the createtype4 of CREATE (RFC 8881 s18.4).
-type createKind struct {
-	Type         FileType
-	LinkData     string // TypeLnk
-	Major, Minor uint32 // TypeBlk, TypeChr
-}
-
-func (c *compound) create(kind createKind, name string, sa *SetAttr) {
-	c.op(opCreate)
-	c.e.Uint32(uint32(kind.Type))
-	switch kind.Type {
-	case TypeLnk:
-		c.e.String(kind.LinkData)
-	case TypeBlk, TypeChr:
-		c.e.Uint32(kind.Major)
-		c.e.Uint32(kind.Minor)
-	}
-	c.e.String(name)
-	sa.encode(&c.e)
-}
-
-func (r *results) decodeCreate() (changeInfo, error) {
-	if err := r.next(opCreate); err != nil {
-		return changeInfo{}, err
-	}
-	ci := decodeChangeInfo(&r.d)
-	decodeBitmap(&r.d)
-	return ci, r.check(opCreate)
-}
-
-func (c *compound) read(sid StateID, off uint64, dest []byte) {
-	c.op(opRead)
-	sid.encode(&c.e)
-	c.e.Uint64(off)
-	c.e.Uint32(uint32(len(dest)))
-	c.dest = dest
-}
-
-// decodeRead reads a READ result (RFC 8881 s18.22). The data is either
-// in the reply stream, and copied to dest, or was placed in dest by the
+// readOp is READ (RFC 8881 s18.22). The data is either in the reply
+// stream, and copied to dest (or, for an in-place read, left there with
+// the reply's release going to held), or was placed in dest by the
 // transport (an RDMA Write chunk, RFC 8267 s4.1); the length word stays
-// in the stream either way.
-func (r *results) decodeRead() (n int, eof bool, err error) {
-	if err := r.next(opRead); err != nil {
-		return 0, false, err
-	}
-	eof = r.d.Bool()
+// in the stream either way. The op lives in the pooled compound: its
+// result goes to out, the caller's.
+type readOp struct {
+	args read4args
+	out  *readOut
+}
+
+// readOut is what a READ returned.
+type readOut struct {
+	n    int
+	eof  bool
+	data []byte  // the bytes read: in dest, or in the reply for an in-place read
+	held *func() // non-nil: read in place; receives the reply's release
+}
+
+func (*readOp) num() uint32 { return opRead }
+
+func (o *readOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (o *readOp) decodeRes(r *results) error {
+	out := o.out
+	out.eof = r.d.Bool()
 	if r.placed {
-		n = int(r.d.Uint32())
+		n := int(r.d.Uint32())
 		if err := r.check(opRead); err != nil {
-			return 0, false, err
+			return err
 		}
 		if n > len(r.dest) {
-			return 0, false, fmt.Errorf("%w: READ returned %d bytes for a %d-byte request", ErrProtocol, n, len(r.dest))
+			return fmt.Errorf("%w: READ returned %d bytes for a %d-byte request", ErrProtocol, n, len(r.dest))
 		}
 		if n > r.nplace {
 			// RFC 8166 s3.4.6: only the bytes the responder wrote are
 			// data; the rest of dest holds whatever was there.
-			return 0, false, fmt.Errorf("%w: READ reports %d bytes, the server placed %d", ErrProtocol, n, r.nplace)
+			return fmt.Errorf("%w: READ reports %d bytes, the server placed %d", ErrProtocol, n, r.nplace)
 		}
-		return n, eof, nil
+		out.n, out.data = n, r.dest[:n]
+		return nil
 	}
 	data := r.d.Opaque(len(r.dest))
 	if err := r.check(opRead); err != nil {
-		return 0, false, err
+		return err
 	}
-	n = len(data)
+	out.n = len(data)
+	if out.held != nil {
+		out.data = data
+		r.held = out.held
+		return nil
+	}
 	copy(r.dest, data)
-	r.copied += n
-	return n, eof, nil
+	out.data = r.dest[:out.n]
+	r.copied += out.n
+	return nil
 }
 
-// decodeReadInPlace is decodeRead without the copy: data is in dest if
-// the transport placed it there, else where it is in the reply, whose
-// release goes to *held.
-func (r *results) decodeReadInPlace(held *func()) (data []byte, eof bool, err error) {
-	if r.placed {
-		n, eof, err := r.decodeRead()
-		return r.dest[:n], eof, err
-	}
-	if err := r.next(opRead); err != nil {
-		return nil, false, err
-	}
-	eof = r.d.Bool()
-	data = r.d.Opaque(len(r.dest))
-	if err := r.check(opRead); err != nil {
-		return nil, false, err
-	}
-	r.held = held
-	return data, eof, nil
+// read adds a READ of len(dest) bytes at off into dest; the result goes
+// to out.
+func (c *compound) read(sid StateID, off uint64, dest []byte, out *readOut) {
+	c.rd = readOp{args: read4args{stateid: sid, offset: off, count: uint32(len(dest))}, out: out}
+	c.dest = dest
+	c.add(&c.rd)
 }
 
-func (c *compound) write(sid StateID, off uint64, stable Stable, data []byte) {
-	c.op(opWrite)
-	sid.encode(&c.e)
-	c.e.Uint64(off)
-	c.e.Uint32(uint32(stable))
-	c.e.Uint32(uint32(len(data)))
-	c.split = c.e.Len()
-	c.bulk = data
-	if data == nil {
-		c.bulk = []byte{}
+// decodeRead reads a READ result (see readOp).
+func (r *results) decodeRead() (n int, eof bool, err error) {
+	var out readOut
+	err = r.decodeOp(&readOp{out: &out})
+	return out.n, out.eof, err
+}
+
+// writeOp is WRITE (RFC 8881 s18.32): the data goes out as it is,
+// between the call's Head and Tail (a Read chunk over RDMA). The result
+// goes to res, the caller's.
+type writeOp struct {
+	sid    StateID
+	off    uint64
+	stable Stable
+	data   []byte
+	res    *write4resok
+}
+
+func (*writeOp) num() uint32 { return opWrite }
+
+func (o *writeOp) encodeArgs(cp *compound) {
+	o.sid.encode(&cp.e)
+	cp.e.Uint64(o.off)
+	cp.e.Uint32(uint32(o.stable))
+	cp.e.Uint32(uint32(len(o.data)))
+	cp.split = cp.e.Len()
+	cp.bulk = o.data
+	if o.data == nil {
+		cp.bulk = []byte{}
 	}
+}
+
+func (o *writeOp) decodeRes(r *results) error {
+	o.res.decode(&r.d)
+	if r.d.Err() == nil && int(o.res.count) > len(o.data) {
+		return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(o.data), o.res.count)
+	}
+	return nil
+}
+
+// write adds a WRITE of data at off; its result goes to res.
+func (c *compound) write(sid StateID, off uint64, stable Stable, data []byte, res *write4resok) {
+	c.wr = writeOp{sid: sid, off: off, stable: stable, data: data, res: res}
+	c.add(&c.wr)
 }
 
 // Verifier is a write verifier (RFC 8881 s18.32.3).
 type Verifier [8]byte
 
-func (r *results) decodeWrite() (n uint32, committed Stable, verf Verifier, err error) {
-	if err := r.next(opWrite); err != nil {
-		return 0, 0, verf, err
+// readDirOp is READDIR (RFC 8881 s18.23); its entries go to entries.
+type readDirOp struct {
+	args    readdir4args
+	entries []DirEntry
+	verf    [8]byte
+	eof     bool
+}
+
+func (*readDirOp) num() uint32 { return opReadDir }
+
+func (o *readDirOp) encodeArgs(cp *compound) {
+	o.args.encode(&cp.e)
+	cp.maxRep += int(o.args.maxcount)
+}
+
+func (o *readDirOp) decodeRes(r *results) error {
+	copy(o.verf[:], r.d.FixedOpaque(8))
+	for r.d.Err() == nil && r.d.Bool() {
+		var ent DirEntry
+		ent.Cookie = r.d.Uint64()
+		ent.Name = r.d.String(maxNameLen)
+		decodeFattr(&r.d, &ent.Attr)
+		o.entries = append(o.entries, ent)
 	}
-	n = r.d.Uint32()
-	committed = Stable(r.d.Uint32())
-	copy(verf[:], r.d.FixedOpaque(8))
-	return n, committed, verf, r.check(opWrite)
-}
-
-func (c *compound) commit(off uint64, count uint32) {
-	c.op(opCommit)
-	c.e.Uint64(off)
-	c.e.Uint32(count)
-}
-
-func (r *results) decodeCommit() (verf Verifier, err error) {
-	if err := r.next(opCommit); err != nil {
-		return verf, err
-	}
-	copy(verf[:], r.d.FixedOpaque(8))
-	return verf, r.check(opCommit)
-}
-
-func (c *compound) close(sid StateID) {
-	c.op(opClose)
-	c.e.Uint32(0) // seqid: ignored in NFSv4.1 (RFC 8881 s18.2.3)
-	sid.encode(&c.e)
-}
-
-func (r *results) decodeClose() error {
-	if err := r.next(opClose); err != nil {
-		return err
-	}
-	decodeStateID(&r.d)
-	return r.check(opClose)
-}
-
-func (c *compound) delegReturn(sid StateID) {
-	c.op(opDelegReturn)
-	sid.encode(&c.e)
-}
-
-func (c *compound) secInfoNoName() {
-	c.op(opSecInfoNoName)
-	c.e.Uint32(0) // SECINFO_STYLE4_CURRENT_FH
-}
-
-// decodeSecInfo returns the flavors of a SECINFO_NO_NAME result; for
-// RPCSEC_GSS entries (flavor 6) it skips the GSS triple.
-func (r *results) decodeSecInfo() ([]uint32, error) {
-	if err := r.next(opSecInfoNoName); err != nil {
-		return nil, err
-	}
-	n := r.d.Length(64)
-	var flavors []uint32
-	for range n {
-		f := r.d.Uint32()
-		if f == 6 {
-			r.d.Opaque(1024) // oid
-			r.d.Uint32()     // qop
-			r.d.Uint32()     // service
-		}
-		flavors = append(flavors, f)
-	}
-	return flavors, r.check(opSecInfoNoName)
-}
-
-// readdir encodes READDIR (RFC 8881 s18.23).
-func (c *compound) readdir(cookie uint64, verf [8]byte, dircount, maxcount uint32, mask Bitmap) {
-	c.op(opReadDir)
-	c.e.Uint64(cookie)
-	c.e.FixedOpaque(verf[:])
-	c.e.Uint32(dircount)
-	c.e.Uint32(maxcount)
-	mask.encode(&c.e)
-	c.maxRep += int(maxcount)
+	o.eof = r.d.Bool()
+	return nil
 }
 
 // DirEntry is one READDIR entry.
@@ -486,20 +486,4 @@ type DirEntry struct {
 	Cookie uint64
 	Name   string
 	Attr   Attr
-}
-
-func (r *results) decodeReadDir(entries []DirEntry) (out []DirEntry, verf [8]byte, eof bool, err error) {
-	if err := r.next(opReadDir); err != nil {
-		return entries, verf, false, err
-	}
-	copy(verf[:], r.d.FixedOpaque(8))
-	for r.d.Err() == nil && r.d.Bool() {
-		var ent DirEntry
-		ent.Cookie = r.d.Uint64()
-		ent.Name = r.d.String(maxNameLen)
-		decodeFattr(&r.d, &ent.Attr)
-		entries = append(entries, ent)
-	}
-	eof = r.d.Bool()
-	return entries, verf, eof, r.check(opReadDir)
 }

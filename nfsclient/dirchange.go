@@ -13,17 +13,6 @@ type DirChange struct {
 	AttrOK        bool   // Attr was returned
 }
 
-func (dc *DirChange) setInfo(ci changeInfo) {
-	dc.Atomic, dc.Before, dc.After = ci.Atomic, ci.Before, ci.After
-}
-
-// decodePostOpAttr decodes a trailing GETATTR the caller can do without:
-// the operation it follows has already succeeded, so a failure here (the
-// server stopped before it, or a malformed attribute) only means there
-// are no attributes. It reports whether a was filled.
-func (r *results) decodePostOpAttr(a *Attr) bool {
-	if r.d.Err() != nil {
-		return false
-	}
-	return r.decodeGetAttr(a) == nil
+func (dc *DirChange) setInfo(ci changeInfo4) {
+	dc.Atomic, dc.Before, dc.After = ci.atomic, ci.before, ci.after
 }

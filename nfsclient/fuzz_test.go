@@ -28,21 +28,24 @@ func FuzzCompoundReply(f *testing.F) {
 		cp.reset(rpc, oncrpc.AuthNone, "")
 		cp.sequence(testSession, 1, 0, 0)
 		cp.putFH([]byte{1})
+		rd := &readDirOp{args: readdir4args{dircount: 1024, maxcount: 1024, attrRequest: dirAttrs}}
+		open, gfh := &openOp{}, &getFHOp{}
+		var wres write4resok
+		setAttr := &setAttrOp{args: setattr4args{objAttributes: &SetAttr{}}}
 		switch shape % 6 {
 		case 0:
-			cp.read(StateID{}, 0, dest)
+			cp.read(StateID{}, 0, dest, new(readOut))
 		case 1:
-			cp.getAttr(fileAttrs)
+			cp.getAttr(fileAttrs, nil)
 		case 2:
-			cp.readdir(0, [8]byte{}, 1024, 1024, dirAttrs)
+			cp.add(rd)
 		case 3:
-			cp.op(opOpen)
-			cp.getFH()
+			cp.add(open, gfh)
 		case 4:
-			cp.write(StateID{}, 0, Unstable, []byte("x"))
+			cp.write(StateID{}, 0, Unstable, []byte("x"), &wres)
 		case 5:
-			cp.setAttr(StateID{}, &SetAttr{})
-			cp.getAttr(fileAttrs)
+			cp.add(setAttr)
+			cp.getAttr(fileAttrs, nil)
 		}
 		var r results
 		if r.init(&cp, &oncrpc.Reply{Results: body, BulkPlaced: placed, BulkLen: int(nplaced)}) != nil {
@@ -84,10 +87,10 @@ func FuzzCompoundReply(f *testing.F) {
 				checkFattrConsumed(t, body, start+8, r.d.Offset())
 			}
 		case 2:
-			ents, verf, _, err := r.decodeReadDir(nil)
-			if err != nil {
+			if r.decodeOp(rd) != nil {
 				return
 			}
+			ents, verf := rd.entries, rd.verf
 			if !bytes.Equal(verf[:], body[start+8:start+16]) {
 				t.Fatalf("READDIR verifier %x, reply has %x", verf, body[start+8:start+16])
 			}
@@ -102,17 +105,12 @@ func FuzzCompoundReply(f *testing.F) {
 				}
 			}
 		case 3:
-			if r.next(opOpen) == nil {
-				decodeStateID(&r.d)
-				decodeChangeInfo(&r.d)
-				r.d.Uint32()
-				decodeBitmap(&r.d)
-				decodeDelegation(&r)
-				if r.check(opOpen) == nil {
-					fh, err := r.decodeGetFH()
-					if err != nil {
+			if r.decodeOp(open) == nil {
+				{
+					if r.decodeOp(gfh) != nil {
 						return
 					}
+					fh := gfh.res.object
 					end := r.d.Offset()
 					at := end - xdr.RoundUp(len(fh))
 					if len(fh) > maxFHSize || be32(body, at-4) != uint32(len(fh)) || !bytes.Equal(fh, body[at:at+len(fh)]) {
@@ -121,10 +119,10 @@ func FuzzCompoundReply(f *testing.F) {
 				}
 			}
 		case 4:
-			n, committed, verf, err := r.decodeWrite()
-			if err != nil {
+			if r.decodeOp(&cp.wr) != nil {
 				return
 			}
+			n, committed, verf := wres.count, wres.committed, wres.writeverf
 			var e xdr.Encoder
 			e.Uint32(n)
 			e.Uint32(uint32(committed))
@@ -133,7 +131,7 @@ func FuzzCompoundReply(f *testing.F) {
 				t.Fatalf("WRITE result %x re-encodes differently from the reply's %x", e.Bytes(), body[start+8:min(len(body), start+24)])
 			}
 		case 5:
-			if r.decodeSetAttr() == nil {
+			if r.decodeOp(setAttr) == nil {
 				at := r.d.Offset()
 				if r.decodeGetAttr(&a) == nil {
 					checkFattrConsumed(t, body, at+8, r.d.Offset())

@@ -821,11 +821,7 @@ func TestSessionRecovery(t *testing.T) {
 		c := dial(t, p, oncrpc.TCPOptions{})
 		ctx := testCtx(t)
 		old := c.sess.Load()
-		var cp compound
-		cp.reset(c.rpc, c.sysCred, "")
-		cp.op(opDestroySession)
-		cp.e.FixedOpaque(old.id[:])
-		if err := c.simple(ctx, &cp, opDestroySession); err != nil {
+		if err := c.simple(ctx, &destroySessionOp{args: destroySession4args{sessionid: old.id}}); err != nil {
 			t.Fatalf("DESTROY_SESSION: %v", err)
 		}
 		if _, err := c.GetAttr(ctx, rootCred, c.RootFH()); err != nil {

@@ -141,131 +141,47 @@ func (l *Locker) Ranges() [][3]uint64 {
 	return out
 }
 
-// lockArgs is LOCK4args (RFC 8881 s18.10.1).
-type lockArgs struct {
-	typ     LockType
-	off     uint64
-	length  uint64
-	newLock bool
-	// new lock-owner: open_to_lock_owner4
-	openSeq  uint32
-	openSID  StateID
-	clientID uint64
-	owner    []byte
-	// existing lock-owner: exist_lock_owner4
-	lockSID StateID
-	// reclaim re-takes a lock held before a server restart, in the
-	// grace period (RFC 8881 s9.6, s18.10.3).
-	reclaim bool
-}
-
-func (c *compound) lock(a *lockArgs) {
-	c.op(opLock)
-	// RFC 8881 s2.10.6.1.3: LOCK is not idempotent; a retransmission
-	// must get the cached reply, not a second lock.
-	c.cacheThis = true
-	c.e.Uint32(uint32(a.typ))
-	c.e.Bool(a.reclaim)
-	c.e.Uint64(a.off)
-	c.e.Uint64(a.length)
-	c.e.Bool(a.newLock)
-	if a.newLock {
+// lockArgs builds LOCK4args (RFC 8881 s18.10.1). reclaim re-takes a
+// lock held before a server restart, in the grace period (s9.6,
+// s18.10.3).
+func lockArgs(typ LockType, off, length uint64, reclaim, newLock bool, openSID StateID, clientID uint64, owner []byte, lockSID StateID) lock4args {
+	a := lock4args{locktype: typ, reclaim: reclaim, offset: off, length: length}
+	if newLock {
 		// RFC 8881 s18.10.3: the first lock of a lock-owner names the
 		// open stateid it hangs off (open_to_lock_owner4). The seqids
 		// are 4.0's request ordering, which the session's slots replace
 		// in 4.1 (s2.10.6); servers ignore them.
-		c.e.Uint32(a.openSeq)
-		a.openSID.encode(&c.e)
-		c.e.Uint32(0) // lock_seqid
-		c.e.Uint64(a.clientID)
-		c.e.Opaque(a.owner)
+		a.locker = locker4{newLockOwner: true, openOwner: openToLockOwner4{
+			openSeqid: openSID.Seq, openStateid: openSID,
+			lockOwner: stateOwner4{clientid: clientID, owner: owner}}}
 	} else {
 		// RFC 8881 s18.10.3: later locks use the lock stateid
 		// (exist_lock_owner4).
-		a.lockSID.encode(&c.e)
-		c.e.Uint32(0) // lock_seqid, unused in 4.1 (s2.10.6)
+		a.locker = locker4{lockOwner: existLockOwner4{lockStateid: lockSID}}
 	}
+	return a
 }
 
-// decodeLockDenied reads a LOCK4denied.
-func decodeLockDenied(d *xdr.Decoder) *LockDenied {
-	dn := &LockDenied{}
-	dn.Offset = d.Uint64()
-	dn.Length = d.Uint64()
-	dn.Type = LockType(d.Uint32())
-	dn.ClientID = d.Uint64()
-	dn.Owner = append([]byte(nil), d.Opaque(maxLockOwnerLen)...)
-	return dn
+// lockDenied is the LockDenied of a LOCK4denied (RFC 8881 s18.10.2).
+func (d *lock4denied) lockDenied() *LockDenied {
+	return &LockDenied{Offset: d.offset, Length: d.length, Type: d.locktype,
+		ClientID: d.owner.clientid, Owner: d.owner.owner}
 }
 
-// decodeLockResult reads the result of a LOCK or LOCKT: the lock
-// stateid (LOCK only) on success, the conflicting lock for
-// NFS4ERR_DENIED (RFC 8881 s18.10.2, s18.11.2).
-func (r *results) decodeLockResult(op uint32) (StateID, *LockDenied, error) {
-	before := r.i
-	err := r.next(op)
-	var oe *OpError
-	if err != nil {
-		// The body follows only if this op's result was in the reply.
-		if errors.As(err, &oe) && oe.Status == ErrDenied && r.i > before {
-			dn := decodeLockDenied(&r.d)
-			if cerr := r.check(op); cerr != nil {
-				return StateID{}, nil, cerr
-			}
-			return StateID{}, dn, err
-		}
-		return StateID{}, nil, err
-	}
-	var sid StateID
-	if op == opLock {
-		sid = decodeStateID(&r.d)
-	}
-	if err := r.check(op); err != nil {
-		return StateID{}, nil, err
-	}
-	return sid, nil, nil
-}
-
-func (c *compound) lockT(typ LockType, off, length, clientID uint64, owner []byte) {
-	c.op(opLockT)
-	c.e.Uint32(uint32(typ))
-	c.e.Uint64(off)
-	c.e.Uint64(length)
-	c.e.Uint64(clientID)
-	c.e.Opaque(owner)
-}
-
-func (c *compound) lockU(typ LockType, sid StateID, off, length uint64) {
-	c.op(opLockU)
-	c.cacheThis = true
-	c.e.Uint32(uint32(typ))
-	c.e.Uint32(0) // seqid, unused in 4.1 (RFC 8881 s2.10.6)
-	sid.encode(&c.e)
-	c.e.Uint64(off)
-	c.e.Uint64(length)
-}
-
-func (r *results) decodeLockU() (StateID, error) {
-	if err := r.next(opLockU); err != nil {
-		return StateID{}, err
-	}
-	sid := decodeStateID(&r.d)
-	return sid, r.check(opLockU)
-}
-
-// sendLock sends one LOCK built by build on fh and returns the lock
-// stateid, or the conflicting lock with an error wrapping ErrDenied.
-func (c *Client) sendLock(ctx context.Context, cred oncrpc.Credential, fh []byte, build func(cp *compound)) (StateID, *LockDenied, error) {
-	var sid StateID
-	var denied *LockDenied
-	err := c.do(ctx, cred, putFHAnd(fh, build), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		sid, denied, err = r.decodeLockResult(opLock)
-		return err
+// sendLock sends one LOCK on fh, with the arguments args builds for each
+// attempt (a recovery in between changes the stateids), and returns the
+// lock stateid, or the conflicting lock with an error wrapping ErrDenied.
+func (c *Client) sendLock(ctx context.Context, cred oncrpc.Credential, fh []byte, args func(cp *compound) lock4args) (StateID, *LockDenied, error) {
+	var op lockOp
+	err := c.do(ctx, cred, func(cp *compound) {
+		op = lockOp{args: args(cp)}
+		cp.putFH(fh)
+		cp.add(&op)
 	})
-	return sid, denied, err
+	if op.failed {
+		return StateID{}, op.fail.lockDenied(), err
+	}
+	return op.res.lockStateid, nil, err
 }
 
 // Lock sends one LOCK for [off, off+length) (RFC 8881 s18.10). A conflict
@@ -273,15 +189,10 @@ func (c *Client) sendLock(ctx context.Context, cred oncrpc.Credential, fh []byte
 func (c *Client) Lock(ctx context.Context, cred oncrpc.Credential, l *Locker, typ LockType, off, length uint64) (*LockDenied, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	sid, denied, err := c.sendLock(ctx, cred, l.of.FH, func(cp *compound) {
-		// Built per attempt: a recovery in between changes the stateids.
+	sid, denied, err := c.sendLock(ctx, cred, l.of.FH, func(cp *compound) lock4args {
 		l.smu.Lock()
-		a := lockArgs{typ: typ, off: off, length: length, newLock: !l.have,
-			clientID: c.currentClientID(), owner: l.owner, lockSID: l.sid}
-		l.smu.Unlock()
-		a.openSID = c.sid(cp, l.of.StateID)
-		a.openSeq = a.openSID.Seq
-		cp.lock(&a)
+		defer l.smu.Unlock()
+		return lockArgs(typ, off, length, false, !l.have, c.sid(cp, l.of.StateID), c.currentClientID(), l.owner, l.sid)
 	})
 	if err != nil {
 		return denied, fmt.Errorf("LOCK [%d,+%d): %w", off, length, err)
@@ -302,19 +213,16 @@ func (c *Client) Lock(ctx context.Context, cred oncrpc.Credential, l *Locker, ty
 // (RFC 8881 s18.11); it returns the conflicting lock, or nil. Locks of
 // l's own owner never conflict.
 func (c *Client) TestLock(ctx context.Context, cred oncrpc.Credential, l *Locker, typ LockType, off, length uint64) (*LockDenied, error) {
-	var denied *LockDenied
-	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) {
+	var op lockTOp
+	err := c.do(ctx, cred, func(cp *compound) {
 		c.sid(cp, l.of.StateID) // fails for a lost open
-		cp.lockT(typ, off, length, c.currentClientID(), l.owner)
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		_, denied, err = r.decodeLockResult(opLockT)
-		return err
+		op = lockTOp{args: lockt4args{locktype: typ, offset: off, length: length,
+			owner: stateOwner4{clientid: c.currentClientID(), owner: l.owner}}}
+		cp.putFH(l.of.FH)
+		cp.add(&op)
 	})
-	if denied != nil {
-		return denied, nil
+	if op.failed {
+		return op.fail.lockDenied(), nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("LOCKT [%d,+%d): %w", off, length, err)
@@ -333,22 +241,19 @@ func (c *Client) Unlock(ctx context.Context, cred oncrpc.Credential, l *Locker, 
 	if !have {
 		return nil
 	}
-	var sid StateID
+	var op lockUOp
 	// RFC 8881 s18.12.3: the lock type is any valid one; the server
 	// releases whatever the owner holds in the range.
-	err := c.do(ctx, cred, putFHAnd(l.of.FH, func(cp *compound) {
+	err := c.do(ctx, cred, func(cp *compound) {
 		c.sid(cp, l.of.StateID) // fails for a lost open
 		l.smu.Lock()
 		lsid := l.sid
 		l.smu.Unlock()
-		cp.lockU(WriteLT, lsid, off, length)
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		sid, err = r.decodeLockU()
-		return err
+		op = lockUOp{args: locku4args{locktype: WriteLT, lockStateid: lsid, offset: off, length: length}}
+		cp.putFH(l.of.FH)
+		cp.add(&op)
 	})
+	sid := op.res
 	if err != nil {
 		return fmt.Errorf("LOCKU [%d,+%d): %w", off, length, err)
 	}

@@ -27,6 +27,29 @@ func lockCompoundHex(build func(cp *compound)) (string, bool) {
 	return hex.EncodeToString(call.Head[40:]), cp.cacheThis
 }
 
+// decodeLockResult reads the result of a LOCK or LOCKT: the lock stateid
+// (LOCK only) on success, the conflicting lock for NFS4ERR_DENIED (RFC
+// 8881 s18.10.2, s18.11.2).
+func decodeLockResult(r *results, op uint32) (StateID, *LockDenied, error) {
+	if op == opLock {
+		var o lockOp
+		err := r.decodeOp(&o)
+		if o.failed {
+			return StateID{}, o.fail.lockDenied(), err
+		}
+		if err != nil {
+			return StateID{}, nil, err
+		}
+		return o.res.lockStateid, nil, nil
+	}
+	var o lockTOp
+	err := r.decodeOp(&o)
+	if o.failed {
+		return StateID{}, o.fail.lockDenied(), err
+	}
+	return StateID{}, nil, err
+}
+
 // The arguments spelled out from RFC 8881 s18.10.1, s18.11.1, s18.12.1.
 func TestLockEncodeGolden(t *testing.T) {
 	owner := []byte("rdmafs-l")
@@ -37,20 +60,19 @@ func TestLockEncodeGolden(t *testing.T) {
 		cacheThis bool
 	}{
 		{"LOCK open_to_lock_owner4", func(cp *compound) {
-			cp.lock(&lockArgs{typ: WriteWLT, off: 0, length: 101, newLock: true, openSeq: 1,
-				openSID: StateID{Seq: 1, Other: [12]byte{9}}, clientID: 0x1122334455667788, owner: owner})
+			cp.add(&lockOp{args: lockArgs(WriteWLT, 0, 101, false, true, StateID{Seq: 1, Other: [12]byte{9}}, 0x1122334455667788, owner, StateID{})})
 		}, `0000000c 00000004 00000000 0000000000000000 0000000000000065
 		    00000001 00000001 00000001 090000000000000000000000 00000000
 		    1122334455667788 00000008 72646d6166732d6c`, true},
 		{"LOCK exist_lock_owner4", func(cp *compound) {
-			cp.lock(&lockArgs{typ: ReadLT, off: 61, length: LengthToEOF, lockSID: StateID{Seq: 2, Other: [12]byte{0: 5, 11: 6}}})
+			cp.add(&lockOp{args: lockArgs(ReadLT, 61, LengthToEOF, false, false, StateID{}, 0, nil, StateID{Seq: 2, Other: [12]byte{0: 5, 11: 6}})})
 		}, `0000000c 00000001 00000000 000000000000003d ffffffffffffffff
 		    00000000 00000002 050000000000000000000006 00000000`, true},
 		{"LOCKT", func(cp *compound) {
-			cp.lockT(WriteLT, 40, 21, 0x1122334455667788, owner)
+			cp.add(&lockTOp{args: lockt4args{locktype: WriteLT, offset: 40, length: 21, owner: stateOwner4{clientid: 0x1122334455667788, owner: owner}}})
 		}, `0000000d 00000002 0000000000000028 0000000000000015 1122334455667788 00000008 72646d6166732d6c`, false},
 		{"LOCKU", func(cp *compound) {
-			cp.lockU(WriteLT, StateID{Seq: 3, Other: [12]byte{1}}, 40, 21)
+			cp.add(&lockUOp{args: locku4args{locktype: WriteLT, lockStateid: StateID{Seq: 3, Other: [12]byte{1}}, offset: 40, length: 21}})
 		}, `0000000e 00000002 00000000 00000003 010000000000000000000000 0000000000000028 0000000000000015`, true},
 	}
 	prefix := words(`00000000 00000001 00000003
@@ -133,7 +155,7 @@ func TestDecodeLockResults(t *testing.T) {
 			var sid StateID
 			var dn *LockDenied
 			if err == nil {
-				sid, dn, err = r.decodeLockResult(tt.op)
+				sid, dn, err = decodeLockResult(&r, tt.op)
 			}
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
 				t.Fatalf("err %v, want %v", err, tt.wantErr)
@@ -156,14 +178,16 @@ func TestDecodeLockU(t *testing.T) {
 	cp.reset(rpc, oncrpc.AuthNone, "")
 	cp.sequence(testSession, 7, 3, 5)
 	cp.putFH([]byte{1})
-	cp.lockU(WriteLT, StateID{}, 0, LengthToEOF)
+	cp.add(&lockUOp{args: locku4args{locktype: WriteLT, length: LengthToEOF}})
 	var r results
 	if err := r.init(&cp, compoundReply(t, 0, "00000003"+seqOK+"00000016 00000000 0000000e 00000000 00000004 0b0000000000000000000000")); err != nil {
 		t.Fatal(err)
 	}
 	r.decodeSequence(testSession)
 	r.voidOp(opPutFH)
-	sid, err := r.decodeLockU()
+	var op lockUOp
+	err := r.decodeOp(&op)
+	sid := op.res
 	if err != nil || sid != (StateID{Seq: 4, Other: [12]byte{11}}) {
 		t.Fatalf("LOCKU: %+v %v", sid, err)
 	}
@@ -245,7 +269,7 @@ func FuzzLockResult(f *testing.F) {
 			return
 		}
 		start := r.d.Offset() + 8 // past the op and status words
-		sid, dn, err := r.decodeLockResult(op)
+		sid, dn, err := decodeLockResult(&r, op)
 		if errors.Is(err, ErrProtocol) {
 			return
 		}

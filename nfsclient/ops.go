@@ -11,103 +11,67 @@ import (
 // Each method below sends one COMPOUND shaped like the Linux client's for
 // the same system call (SEQUENCE first, then PUTFH and the operation,
 // usually with a GETATTR so the caller's attribute cache stays fresh).
-
-// putFHAnd returns a builder that sets the current file handle to fh and
-// then adds what build adds: most compounds start that way after SEQUENCE.
-func putFHAnd(fh []byte, build func(cp *compound)) func(cp *compound) {
-	return func(cp *compound) {
-		cp.putFH(fh)
-		build(cp)
-	}
-}
+// The operations are typed (nfs4_xdr.go, compound.go): each is listed
+// once, and decodes its own result.
 
 // GetAttr returns the attributes of fh.
 func (c *Client) GetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte) (Attr, error) {
 	var a Attr
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.getAttr(fileAttrs) }),
-		func(r *results) error {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			return r.decodeGetAttr(&a)
-		})
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.getAttr(fileAttrs, &a)
+	})
 	return a, err
 }
 
 // Lookup finds name in directory dir and returns its handle and attributes.
 func (c *Client) Lookup(ctx context.Context, cred oncrpc.Credential, dir []byte, name string) ([]byte, Attr, error) {
 	var a Attr
-	var fh []byte
-	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
-		cp.lookup(name)
-		cp.getFH()
-		cp.getAttr(fileAttrs)
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		if err := r.voidOp(opLookup); err != nil {
-			return err
-		}
-		if fh, err = r.decodeGetFH(); err != nil {
-			return err
-		}
-		return r.decodeGetAttr(&a)
+	var fh getFHOp
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(dir)
+		cp.add(&lookupOp{args: lookup4args{objname: name}}, &fh)
+		cp.getAttr(fileAttrs, &a)
 	})
-	return fh, a, err
+	if err != nil {
+		return nil, a, err
+	}
+	return fh.res.object, a, nil
 }
 
 // LookupParent returns the handle and attributes of dir's parent.
 func (c *Client) LookupParent(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]byte, Attr, error) {
 	var a Attr
-	var fh []byte
-	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
-		cp.lookupP()
-		cp.getFH()
-		cp.getAttr(fileAttrs)
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		if err := r.voidOp(opLookupP); err != nil {
-			return err
-		}
-		if fh, err = r.decodeGetFH(); err != nil {
-			return err
-		}
-		return r.decodeGetAttr(&a)
+	var fh getFHOp
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(dir)
+		cp.add(&lookupPOp{}, &fh)
+		cp.getAttr(fileAttrs, &a)
 	})
-	return fh, a, err
+	if err != nil {
+		return nil, a, err
+	}
+	return fh.res.object, a, nil
 }
 
 // Access asks which of the ACCESS bits in mask the caller has on fh.
 func (c *Client) Access(ctx context.Context, cred oncrpc.Credential, fh []byte, mask uint32) (granted uint32, err error) {
-	err = c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.access(mask) }),
-		func(r *results) error {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			_, granted, err = r.decodeAccess()
-			return err
-		})
-	return granted, err
+	op := &accessOp{args: access4args{access: mask}}
+	err = c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.add(op)
+	})
+	return op.res.access, err
 }
 
 // SetAttr changes attributes of fh and returns the new attributes. sid is
 // the open stateid for a size change, or the zero StateID.
 func (c *Client) SetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, sa *SetAttr) (Attr, error) {
 	var a Attr
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
-		cp.setAttr(c.sid(cp, sid), sa)
-		cp.getAttr(fileAttrs)
-	}), func(r *results) error {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		if err := r.decodeSetAttr(); err != nil {
-			return err
-		}
-		return r.decodeGetAttr(&a)
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.add(&setAttrOp{args: setattr4args{stateid: c.sid(cp, sid), objAttributes: sa}})
+		cp.getAttr(fileAttrs, &a)
 	})
 	return a, err
 }
@@ -134,9 +98,18 @@ type OpenFile struct {
 	// Dir is what an OPEN that may create did to the directory (the
 	// OPEN's change_info4 and the directory's attributes after it).
 	Dir DirChange
+	// Flags are the OPEN's rflags (RFC 8881 s18.16.4), e.g.
+	// OPEN4_RESULT_PRESERVE_UNLINKED (PreserveUnlinked).
+	Flags uint32
 
 	st *openState // for reclaim (recovery.go)
 }
+
+// PreserveUnlinked reports whether the server keeps the file usable
+// through this open after its last link is removed
+// (OPEN4_RESULT_PRESERVE_UNLINKED, RFC 8881 s18.16.4); if not, a client
+// renames an open file instead of removing it (silly rename).
+func (of *OpenFile) PreserveUnlinked() bool { return of.Flags&open4ResultPreserveUnlinked != 0 }
 
 // Open opens (and maybe creates) name in directory dir (CLAIM_NULL).
 func (c *Client) Open(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, args OpenArgs) (*OpenFile, error) {
@@ -148,6 +121,29 @@ func (c *Client) OpenFH(ctx context.Context, cred oncrpc.Credential, fh []byte, 
 	return c.open(ctx, cred, fh, "", OpenArgs{Access: access, Deny: deny, Create: NoCreate})
 }
 
+// openArgs builds OPEN4args (RFC 8881 s18.16.1) for an open by owner.
+func openArgs(clientID uint64, owner []byte, access, deny uint32, how openflag4, claim openClaim4) open4args {
+	return open4args{shareAccess: access, shareDeny: deny,
+		owner: stateOwner4{clientid: clientID, owner: owner}, openhow: how, claim: claim}
+}
+
+// createHow is the openflag4 for args.Create.
+func createHow(args *OpenArgs) openflag4 {
+	if args.Create == NoCreate {
+		return openflag4{opentype: open4Nocreate}
+	}
+	how := createhow4{mode: args.Create}
+	switch args.Create {
+	case Unchecked, Guarded:
+		how.createattrs = args.Attr
+	case Exclusive:
+		how.createverf = args.Verifier
+	case Exclusive41:
+		how.cva = creatverfattr{verf: args.Verifier, attrs: args.Attr}
+	}
+	return openflag4{opentype: open4Create, how: how}
+}
+
 func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, name string, args OpenArgs) (*OpenFile, error) {
 	of := &OpenFile{}
 	var owner [16]byte
@@ -155,88 +151,41 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	// Each OPEN gets its own open-owner so that closing one FUSE handle
 	// never closes another's share reservation.
 	binary.BigEndian.PutUint64(owner[8:], c.ownerSeq.Add(1))
-	claimFH := name == ""
+	claim := openClaim4{claim: claimNull, file: name}
+	if name == "" {
+		claim = openClaim4{claim: claimFh}
+	}
 	// An OPEN that may create changes the directory: its attributes come
 	// back in the same COMPOUND (PUTFH dir again, GETATTR).
-	postOp := !claimFH && args.Create != NoCreate
-	var deleg StateID
-	var gotDeleg, writeDeleg bool
-	wantDeleg := c.cb.wantDeleg()
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
-		cp.op(opOpen)
-		cp.e.Uint32(0) // seqid, ignored in 4.1
-		access := args.Access
-		if !wantDeleg {
-			// RFC 8881 s18.16.3: OPEN4_SHARE_ACCESS_WANT_NO_DELEG.
-			access |= shareAccessWantNoDeleg
-		}
-		cp.e.Uint32(access)
-		cp.e.Uint32(args.Deny)
-		cp.e.Uint64(c.currentClientID())
-		cp.e.Opaque(owner[:])
-		if args.Create == NoCreate {
-			cp.e.Uint32(open4NoCreate)
-		} else {
-			cp.e.Uint32(open4Create)
-			cp.e.Uint32(uint32(args.Create))
-			switch args.Create {
-			case Unchecked, Guarded:
-				args.Attr.encode(&cp.e)
-			case Exclusive:
-				cp.e.FixedOpaque(args.Verifier[:])
-			case Exclusive41:
-				cp.e.FixedOpaque(args.Verifier[:])
-				args.Attr.encode(&cp.e)
-			}
-		}
-		if claimFH {
-			cp.e.Uint32(openClaimFH)
-		} else {
-			cp.e.Uint32(openClaimNull)
-			cp.e.String(name)
-		}
-		cp.getFH()
-		cp.getAttr(fileAttrs)
+	postOp := claim.claim == claimNull && args.Create != NoCreate
+	access := args.Access
+	if !c.cb.wantDeleg() {
+		// RFC 8881 s18.16.3: OPEN4_SHARE_ACCESS_WANT_NO_DELEG.
+		access |= open4ShareAccessWantNoDeleg
+	}
+	var open openOp
+	var gfh getFHOp
+	err := c.do(ctx, cred, func(cp *compound) {
+		open.args = openArgs(c.currentClientID(), owner[:], access, args.Deny, createHow(&args), claim)
+		cp.putFH(fh)
+		cp.add(&open, &gfh)
+		cp.getAttr(fileAttrs, &of.Attr)
 		if postOp {
+			cp.optional()
 			cp.putFH(fh)
-			cp.getAttr(fileAttrs)
+			cp.getAttr(fileAttrs, &of.Dir.Attr, &of.Dir.AttrOK)
 		}
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		if err := r.next(opOpen); err != nil {
-			return err
-		}
-		d := &r.d
-		of.StateID = decodeStateID(d)
-		ci := decodeChangeInfo(d)
-		of.Dir.setInfo(ci)
-		d.Uint32() // rflags
-		of.Created = args.Create != NoCreate && ci.Before != ci.After
-		attrset := decodeBitmap(d)
-		_ = attrset
-		gotDeleg, writeDeleg, deleg = decodeDelegation(r)
-		if err := r.check(opOpen); err != nil {
-			return err
-		}
-		if of.FH, err = r.decodeGetFH(); err != nil {
-			return err
-		}
-		if err := r.decodeGetAttr(&of.Attr); err != nil {
-			return err
-		}
-		if postOp && r.voidOp(opPutFH) == nil {
-			of.Dir.AttrOK = r.decodePostOpAttr(&of.Dir.Attr)
-		}
-		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
+	res := &open.res
+	of.FH, of.StateID, of.Flags = gfh.res.object, res.stateid, res.rflags
+	of.Dir.setInfo(res.cinfo)
+	of.Created = args.Create != NoCreate && res.cinfo.before != res.cinfo.after
 	c.trackOpen(of, owner, args.Access, args.Deny, cred)
-	if gotDeleg {
-		c.cb.addDelegation(deleg, of.FH, writeDeleg)
+	if sid, write, ok := res.delegation.granted(); ok {
+		c.cb.addDelegation(sid, of.FH, write)
 	}
 	if args.Create == Exclusive || args.Create == Exclusive41 {
 		// RFC 8881 s18.16.4: after an exclusive create, set the attributes
@@ -251,40 +200,17 @@ func (c *Client) open(ctx context.Context, cred oncrpc.Credential, fh []byte, na
 	return of, nil
 }
 
-// decodeDelegation decodes an open_delegation4 (RFC 8881 s18.16.2): was
-// one granted, is it a write delegation, its stateid.
-func decodeDelegation(r *results) (bool, bool, StateID) {
-	d := &r.d
-	switch t := d.Uint32(); t {
-	case openDelegateNone:
-		return false, false, StateID{}
-	case openDelegateNoneExt:
-		if why := d.Uint32(); why == 3 || why == 4 { // WND4_CONTENTION, WND4_RESOURCE
-			d.Bool()
-		}
-		return false, false, StateID{}
-	case openDelegateRead, openDelegateWrite:
-		sid := decodeStateID(d)
-		d.Bool() // recall
-		if t == openDelegateWrite {
-			// nfs_space_limit4: limitby then 8 (size) or 2x4 (blocks)
-			if lb := d.Uint32(); lb == 1 {
-				d.Uint64()
-			} else {
-				d.Uint32()
-				d.Uint32()
-			}
-		}
-		// nfsace4 permissions: type, flag, access_mask, who
-		d.Uint32()
-		d.Uint32()
-		d.Uint32()
-		d.Opaque(maxOwnerLen)
-		return true, t == openDelegateWrite, sid
-	default:
-		d.SetErr(fmt.Errorf("delegation type %d", t))
-		return false, false, StateID{}
+// granted returns the delegation an OPEN handed out, if any (RFC 8881
+// s18.16.2, open_delegation4): its stateid and whether it is a write
+// delegation.
+func (d *openDelegation4) granted() (sid StateID, write, ok bool) {
+	switch d.delegationType {
+	case openDelegateRead:
+		return d.read.stateid, false, true
+	case openDelegateWrite:
+		return d.write.stateid, true, true
 	}
+	return StateID{}, false, false
 }
 
 // CloseFile releases open state (RFC 8881 s18.2). An open lost in a
@@ -294,27 +220,21 @@ func (c *Client) CloseFile(ctx context.Context, cred oncrpc.Credential, of *Open
 	if c.OpenLost(of) != nil {
 		return nil
 	}
-	return c.do(ctx, cred, putFHAnd(of.FH, func(cp *compound) { cp.close(c.sid(cp, of.StateID)) }),
-		func(r *results) error {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			return r.decodeClose()
-		})
+	return c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(of.FH)
+		cp.add(&closeOp{args: close4args{openStateid: c.sid(cp, of.StateID)}})
+	})
 }
 
 // Read reads up to len(dest) bytes at off into dest. The data goes into
 // dest directly where the transport can place it (RDMA Write chunk).
 func (c *Client) Read(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, dest []byte) (n int, eof bool, err error) {
-	err = c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.read(c.sid(cp, sid), off, dest) }),
-		func(r *results) error {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			n, eof, err = r.decodeRead()
-			return err
-		})
-	return n, eof, err
+	var out readOut
+	err = c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.read(c.sid(cp, sid), off, dest, &out)
+	})
+	return out.n, out.eof, err
 }
 
 // ReadInPlace is Read without copying the data out of the reply: data is
@@ -323,18 +243,15 @@ func (c *Client) Read(ctx context.Context, cred oncrpc.Credential, fh []byte, si
 // calls release (nil when there is nothing to give back). dest bounds
 // the count, as for Read.
 func (c *Client) ReadInPlace(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, dest []byte) (data []byte, release func(), eof bool, err error) {
-	err = c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.read(c.sid(cp, sid), off, dest) }),
-		func(r *results) error {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			data, eof, err = r.decodeReadInPlace(&release)
-			return err
-		})
+	out := readOut{held: &release}
+	err = c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.read(c.sid(cp, sid), off, dest, &out)
+	})
 	if err != nil {
 		return nil, nil, false, err
 	}
-	return data, release, eof, nil
+	return out.data, release, out.eof, nil
 }
 
 // WriteResult is what a WRITE reports.
@@ -346,6 +263,10 @@ type WriteResult struct {
 	// when AttrOK.
 	Attr   Attr
 	AttrOK bool
+}
+
+func (wr *WriteResult) set(res *write4resok) {
+	wr.Count, wr.Committed, wr.Verifier = res.count, res.committed, res.writeverf
 }
 
 // Write writes data at off with the given stability. data is sent
@@ -363,24 +284,16 @@ func (c *Client) WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []
 
 func (c *Client) write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable, getAttr bool) (WriteResult, error) {
 	var wr WriteResult
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
-		cp.write(c.sid(cp, sid), off, stable, data)
+	var res write4resok
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.write(c.sid(cp, sid), off, stable, data, &res)
 		if getAttr {
-			cp.getAttr(fileAttrs)
+			cp.optional()
+			cp.getAttr(fileAttrs, &wr.Attr, &wr.AttrOK)
 		}
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		wr.Count, wr.Committed, wr.Verifier, err = r.decodeWrite()
-		if err == nil && int(wr.Count) > len(data) {
-			return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(data), wr.Count)
-		}
-		if err == nil && getAttr {
-			wr.AttrOK = r.decodePostOpAttr(&wr.Attr)
-		}
-		return err
 	})
+	wr.set(&res)
 	return wr, err
 }
 
@@ -398,48 +311,30 @@ func (c *Client) write(ctx context.Context, cred oncrpc.Credential, fh []byte, s
 func (c *Client) WriteSetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, stable Stable, setSID StateID, sa *SetAttr) (WriteResult, Attr, error) {
 	var wr WriteResult
 	var a Attr
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) {
-		cp.write(c.sid(cp, sid), off, stable, data)
-		cp.setAttr(c.sid(cp, setSID), sa)
-		cp.getAttr(fileAttrs)
-	}), func(r *results) (err error) {
-		wr = WriteResult{}
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		n, committed, verf, err := r.decodeWrite()
-		if err != nil {
-			return err
-		}
-		if int(n) > len(data) {
-			return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(data), n)
-		}
-		wr.Count, wr.Committed, wr.Verifier = n, committed, verf
-		if err := r.decodeSetAttr(); err != nil {
-			return err
-		}
-		if err := r.decodeGetAttr(&a); err != nil {
-			return err
-		}
-		wr.Attr, wr.AttrOK = a, true
-		return nil
+	var res write4resok
+	err := c.do(ctx, cred, func(cp *compound) {
+		res = write4resok{}
+		cp.putFH(fh)
+		cp.write(c.sid(cp, sid), off, stable, data, &res)
+		cp.add(&setAttrOp{args: setattr4args{stateid: c.sid(cp, setSID), objAttributes: sa}})
+		cp.getAttr(fileAttrs, &a, &wr.AttrOK)
 	})
+	wr.set(&res)
+	if wr.AttrOK {
+		wr.Attr = a
+	}
 	return wr, a, err
 }
 
 // Commit makes unstable writes in [off, off+count) stable; count 0 means
 // to the end of the file. It returns the write verifier.
 func (c *Client) Commit(ctx context.Context, cred oncrpc.Credential, fh []byte, off uint64, count uint32) (Verifier, error) {
-	var v Verifier
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.commit(off, count) }),
-		func(r *results) (err error) {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			v, err = r.decodeCommit()
-			return err
-		})
-	return v, err
+	op := &commitOp{args: commit4args{offset: off, count: count}}
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.add(op)
+	})
+	return op.res.writeverf, err
 }
 
 // Made is an object CREATE made and what that did to its directory.
@@ -452,45 +347,31 @@ type Made struct {
 // create makes a non-regular object in dir (RFC 8881 s18.4): PUTFH dir,
 // CREATE, GETFH, GETATTR, then PUTFH dir, GETATTR for the directory's
 // post-op attributes.
-func (c *Client) create(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, kind createKind, sa *SetAttr) (Made, error) {
+func (c *Client) create(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, kind createtype4, sa *SetAttr) (Made, error) {
 	var m Made
-	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
-		cp.create(kind, name, sa)
-		cp.getFH()
-		cp.getAttr(fileAttrs)
+	op := &createOp{args: create4args{objtype: kind, objname: name, createattrs: sa}}
+	var fh getFHOp
+	err := c.do(ctx, cred, func(cp *compound) {
 		cp.putFH(dir)
-		cp.getAttr(fileAttrs)
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		ci, err := r.decodeCreate()
-		if err != nil {
-			return err
-		}
-		m.Dir.setInfo(ci)
-		if m.FH, err = r.decodeGetFH(); err != nil {
-			return err
-		}
-		if err := r.decodeGetAttr(&m.Attr); err != nil {
-			return err
-		}
-		if r.voidOp(opPutFH) == nil {
-			m.Dir.AttrOK = r.decodePostOpAttr(&m.Dir.Attr)
-		}
-		return nil
+		cp.add(op, &fh)
+		cp.getAttr(fileAttrs, &m.Attr)
+		cp.optional()
+		cp.putFH(dir)
+		cp.getAttr(fileAttrs, &m.Dir.Attr, &m.Dir.AttrOK)
 	})
+	m.FH = fh.res.object
+	m.Dir.setInfo(op.res.cinfo)
 	return m, err
 }
 
 // Mkdir creates directory name in dir.
 func (c *Client) Mkdir(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, sa *SetAttr) (Made, error) {
-	return c.create(ctx, cred, dir, name, createKind{Type: TypeDir}, sa)
+	return c.create(ctx, cred, dir, name, createtype4{objtype: TypeDir}, sa)
 }
 
 // Symlink creates a symbolic link name in dir pointing at target.
 func (c *Client) Symlink(ctx context.Context, cred oncrpc.Credential, dir []byte, name, target string, sa *SetAttr) (Made, error) {
-	return c.create(ctx, cred, dir, name, createKind{Type: TypeLnk, LinkData: target}, sa)
+	return c.create(ctx, cred, dir, name, createtype4{objtype: TypeLnk, linkdata: target}, sa)
 }
 
 // Mknod creates a special file (fifo, socket, device) name in dir.
@@ -500,28 +381,21 @@ func (c *Client) Mknod(ctx context.Context, cred oncrpc.Credential, dir []byte, 
 	default:
 		return Made{}, fmt.Errorf("mknod: %w", ErrBadType)
 	}
-	return c.create(ctx, cred, dir, name, createKind{Type: typ, Major: major, Minor: minor}, sa)
+	return c.create(ctx, cred, dir, name, createtype4{objtype: typ, devdata: specdata4{major: major, minor: minor}}, sa)
 }
 
 // Remove removes name (a file or an empty directory) from dir, with the
 // directory's post-op attributes (PUTFH, REMOVE, GETATTR).
 func (c *Client) Remove(ctx context.Context, cred oncrpc.Credential, dir []byte, name string) (DirChange, error) {
 	var dc DirChange
-	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
-		cp.remove(name)
-		cp.getAttr(fileAttrs)
-	}), func(r *results) error {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		ci, _, err := r.decodeChangeOp(opRemove)
-		if err != nil {
-			return err
-		}
-		dc.setInfo(ci)
-		dc.AttrOK = r.decodePostOpAttr(&dc.Attr)
-		return nil
+	op := &removeOp{args: remove4args{target: name}}
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(dir)
+		cp.add(op)
+		cp.optional()
+		cp.getAttr(fileAttrs, &dc.Attr, &dc.AttrOK)
 	})
+	dc.setInfo(op.res.cinfo)
 	return dc, err
 }
 
@@ -530,32 +404,19 @@ func (c *Client) Remove(ctx context.Context, cred oncrpc.Credential, dir []byte,
 // directory (PUTFH src, SAVEFH, PUTFH dst, RENAME, GETATTR, RESTOREFH,
 // GETATTR, as Linux's nfs4_xdr_enc_rename did).
 func (c *Client) Rename(ctx context.Context, cred oncrpc.Credential, srcDir []byte, srcName string, dstDir []byte, dstName string) (src, dst DirChange, err error) {
+	op := &renameOp{args: rename4args{oldname: srcName, newname: dstName}}
 	err = c.do(ctx, cred, func(cp *compound) {
 		cp.putFH(srcDir)
 		cp.saveFH()
 		cp.putFH(dstDir)
-		cp.rename(srcName, dstName)
-		cp.getAttr(fileAttrs)
+		cp.add(op)
+		cp.optional()
+		cp.getAttr(fileAttrs, &dst.Attr, &dst.AttrOK)
 		cp.restoreFH()
-		cp.getAttr(fileAttrs)
-	}, func(r *results) error {
-		for _, op := range []uint32{opPutFH, opSaveFH, opPutFH} {
-			if err := r.voidOp(op); err != nil {
-				return err
-			}
-		}
-		sci, dci, err := r.decodeChangeOp(opRename)
-		if err != nil {
-			return err
-		}
-		src.setInfo(sci)
-		dst.setInfo(dci)
-		dst.AttrOK = r.decodePostOpAttr(&dst.Attr)
-		if dst.AttrOK && r.voidOp(opRestoreFH) == nil {
-			src.AttrOK = r.decodePostOpAttr(&src.Attr)
-		}
-		return nil
+		cp.getAttr(fileAttrs, &src.Attr, &src.AttrOK)
 	})
+	src.setInfo(op.res.sourceCinfo)
+	dst.setInfo(op.res.targetCinfo)
 	return src, dst, err
 }
 
@@ -564,52 +425,30 @@ func (c *Client) Rename(ctx context.Context, cred oncrpc.Credential, srcDir []by
 func (c *Client) Link(ctx context.Context, cred oncrpc.Credential, fh, dir []byte, name string) (Attr, DirChange, error) {
 	var a Attr
 	var dc DirChange
+	op := &linkOp{args: link4args{newname: name}}
 	err := c.do(ctx, cred, func(cp *compound) {
 		cp.putFH(fh)
 		cp.saveFH()
 		cp.putFH(dir)
-		cp.link(name)
+		cp.add(op)
 		cp.restoreFH()
-		cp.getAttr(fileAttrs)
+		cp.getAttr(fileAttrs, &a)
+		cp.optional()
 		cp.putFH(dir)
-		cp.getAttr(fileAttrs)
-	}, func(r *results) error {
-		for _, op := range []uint32{opPutFH, opSaveFH, opPutFH} {
-			if err := r.voidOp(op); err != nil {
-				return err
-			}
-		}
-		ci, _, err := r.decodeChangeOp(opLink)
-		if err != nil {
-			return err
-		}
-		dc.setInfo(ci)
-		if err := r.voidOp(opRestoreFH); err != nil {
-			return err
-		}
-		if err := r.decodeGetAttr(&a); err != nil {
-			return err
-		}
-		if r.voidOp(opPutFH) == nil {
-			dc.AttrOK = r.decodePostOpAttr(&dc.Attr)
-		}
-		return nil
+		cp.getAttr(fileAttrs, &dc.Attr, &dc.AttrOK)
 	})
+	dc.setInfo(op.res.cinfo)
 	return a, dc, err
 }
 
 // Readlink returns the target of the symbolic link fh.
 func (c *Client) Readlink(ctx context.Context, cred oncrpc.Credential, fh []byte) (string, error) {
-	var target string
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.readLink() }),
-		func(r *results) (err error) {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			target, err = r.decodeReadLink()
-			return err
-		})
-	return target, err
+	op := &readLinkOp{}
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.add(op)
+	})
+	return op.res.link, err
 }
 
 // ReadDirPage is one READDIR reply.
@@ -645,17 +484,14 @@ func (c *Client) readDir(ctx context.Context, cred oncrpc.Credential, dir []byte
 		maxBytes = def
 	}
 	maxBytes = min(maxBytes, c.rsize)
-	var p ReadDirPage
-	err := c.do(ctx, cred, putFHAnd(dir, func(cp *compound) {
-		cp.readdir(cookie, verf, uint32(maxBytes), uint32(maxBytes), mask)
-	}), func(r *results) (err error) {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		p.Entries, p.Verf, p.EOF, err = r.decodeReadDir(nil)
-		return err
+	op := &readDirOp{args: readdir4args{cookie: cookie, cookieverf: verf,
+		dircount: uint32(maxBytes), maxcount: uint32(maxBytes), attrRequest: mask}}
+	err := c.do(ctx, cred, func(cp *compound) {
+		op.entries = op.entries[:0]
+		cp.putFH(dir)
+		cp.add(op)
 	})
-	return p, err
+	return ReadDirPage{Entries: op.entries, Verf: op.verf, EOF: op.eof}, err
 }
 
 type readDirFunc func(ctx context.Context, cred oncrpc.Credential, dir []byte, cookie uint64, verf [8]byte, maxBytes int) (ReadDirPage, error)
@@ -684,27 +520,24 @@ func (c *Client) readDirAll(ctx context.Context, cred oncrpc.Credential, dir []b
 // StatFS returns the file system attributes of fh's file system.
 func (c *Client) StatFS(ctx context.Context, cred oncrpc.Credential, fh []byte) (Attr, error) {
 	var a Attr
-	err := c.do(ctx, cred, putFHAnd(fh, func(cp *compound) { cp.getAttr(fsAttrs) }),
-		func(r *results) error {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			return r.decodeGetAttr(&a)
-		})
+	err := c.do(ctx, cred, func(cp *compound) {
+		cp.putFH(fh)
+		cp.getAttr(fsAttrs, &a)
+	})
 	return a, err
 }
 
 // SecInfoNoName returns the security flavors the server accepts for the
 // export root (RFC 8881 s18.45).
 func (c *Client) SecInfoNoName(ctx context.Context) ([]uint32, error) {
+	op := &secInfoNoNameOp{args: secinfoNoName4args{style: secinfoStyle4CurrentFh}}
+	err := c.do(ctx, c.sysCred, func(cp *compound) {
+		cp.putFH(c.rootFH)
+		cp.add(op)
+	})
 	var flavors []uint32
-	err := c.do(ctx, c.sysCred, putFHAnd(c.rootFH, func(cp *compound) { cp.secInfoNoName() }),
-		func(r *results) (err error) {
-			if err := r.voidOp(opPutFH); err != nil {
-				return err
-			}
-			flavors, err = r.decodeSecInfo()
-			return err
-		})
+	for _, f := range op.res.flavors {
+		flavors = append(flavors, f.flavor)
+	}
 	return flavors, err
 }

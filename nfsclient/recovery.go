@@ -36,9 +36,6 @@ import (
 // server lost in a restart and refused to give back (RFC 8881 s8.4.3).
 var ErrStateLost = errors.New("nfs: open or lock state lost in a server restart")
 
-// openClaimPrevious is CLAIM_PREVIOUS (RFC 8881 s18.16.1).
-const openClaimPrevious = 1
-
 // recoveryTimeout bounds one recovery, which runs detached from the
 // request that noticed the restart (another may be waiting for it).
 const recoveryTimeout = 10 * time.Minute
@@ -221,9 +218,8 @@ func (c *Client) newClientID() {
 
 func (c *Client) reclaimComplete(ctx context.Context) error {
 	err := c.do(ctx, c.sysCred, func(cp *compound) {
-		cp.op(opReclaimComplete)
-		cp.e.Bool(false) // rca_one_fs: all file systems
-	}, func(r *results) error { return r.voidOp(opReclaimComplete) })
+		cp.add(&reclaimCompleteOp{args: reclaimComplete4args{oneFs: false}}) // all file systems
+	})
 	if err != nil && !errors.Is(err, ErrCompleteAlready) {
 		return fmt.Errorf("RECLAIM_COMPLETE: %w", err)
 	}
@@ -286,41 +282,22 @@ func refused(err error) bool {
 // are the ones of the lost open).
 func (c *Client) reclaimOpen(ctx context.Context, of *OpenFile) error {
 	st := of.st
-	var sid StateID
-	var deleg StateID
-	var gotDeleg bool
-	err := c.do(ctx, st.cred, putFHAnd(of.FH, func(cp *compound) {
-		cp.op(opOpen)
-		cp.e.Uint32(0) // seqid, ignored in 4.1
-		cp.e.Uint32(st.access | shareAccessWantNoDeleg)
-		cp.e.Uint32(st.deny)
-		cp.e.Uint64(c.currentClientID())
-		cp.e.Opaque(st.owner[:])
-		cp.e.Uint32(open4NoCreate)
-		cp.e.Uint32(openClaimPrevious)
-		cp.e.Uint32(openDelegateNone) // no delegation to reclaim: they were dropped
-	}), func(r *results) error {
-		if err := r.voidOp(opPutFH); err != nil {
-			return err
-		}
-		if err := r.next(opOpen); err != nil {
-			return err
-		}
-		d := &r.d
-		sid = decodeStateID(d)
-		decodeChangeInfo(d)
-		d.Uint32() // rflags
-		decodeBitmap(d)
-		gotDeleg, _, deleg = decodeDelegation(r)
-		return r.check(opOpen)
+	var open openOp
+	err := c.do(ctx, st.cred, func(cp *compound) {
+		// No delegation to reclaim: they were dropped.
+		open.args = openArgs(c.currentClientID(), st.owner[:], st.access|open4ShareAccessWantNoDeleg, st.deny,
+			openflag4{opentype: open4Nocreate}, openClaim4{claim: claimPrevious, delegateType: openDelegateNone})
+		cp.putFH(of.FH)
+		cp.add(&open)
 	})
 	if err != nil {
 		return fmt.Errorf("OPEN CLAIM_PREVIOUS: %w", err)
 	}
-	if gotDeleg {
+	if deleg, _, ok := open.res.delegation.granted(); ok {
 		// Not asked for; give it back rather than track it.
 		c.delegReturn(ctx, deleg, of.FH)
 	}
+	sid := open.res.stateid
 	st.mu.Lock()
 	st.sid = sid
 	st.others = append(st.others, sid.Other)
@@ -348,10 +325,9 @@ func (c *Client) reclaimLocks(ctx context.Context, of *OpenFile) error {
 		l.smu.Unlock()
 		for _, rg := range ranges {
 			l.smu.Lock()
-			a := lockArgs{typ: rg.typ, off: rg.off, length: rg.length, reclaim: true, newLock: !l.have,
-				openSID: openSID, clientID: c.currentClientID(), owner: l.owner, lockSID: l.sid}
+			a := lockArgs(rg.typ, rg.off, rg.length, true, !l.have, openSID, c.currentClientID(), l.owner, l.sid)
 			l.smu.Unlock()
-			sid, _, err := c.sendLock(ctx, st.cred, of.FH, func(cp *compound) { cp.lock(&a) })
+			sid, _, err := c.sendLock(ctx, st.cred, of.FH, func(*compound) lock4args { return a })
 			if err != nil {
 				return fmt.Errorf("LOCK reclaim [%d,+%d): %w", rg.off, rg.length, err)
 			}

@@ -5,40 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/rdmafs/rdmafs/internal/xdr"
-	"github.com/rdmafs/rdmafs/oncrpc"
 )
-
-// channelAttrs is a channel_attrs4 (RFC 8881 s18.36).
-type channelAttrs struct {
-	HeaderPad, MaxRequest, MaxResponse, MaxResponseCached uint32
-	MaxOps, MaxRequests                                   uint32
-	RDMAIRD                                               []uint32
-}
-
-func (a *channelAttrs) encode(e *xdr.Encoder) {
-	e.Uint32(a.HeaderPad)
-	e.Uint32(a.MaxRequest)
-	e.Uint32(a.MaxResponse)
-	e.Uint32(a.MaxResponseCached)
-	e.Uint32(a.MaxOps)
-	e.Uint32(a.MaxRequests)
-	e.Uint32(uint32(len(a.RDMAIRD)))
-	for _, v := range a.RDMAIRD {
-		e.Uint32(v)
-	}
-}
-
-func decodeChannelAttrs(d *xdr.Decoder) channelAttrs {
-	var a channelAttrs
-	a.HeaderPad, a.MaxRequest, a.MaxResponse = d.Uint32(), d.Uint32(), d.Uint32()
-	a.MaxResponseCached, a.MaxOps, a.MaxRequests = d.Uint32(), d.Uint32(), d.Uint32()
-	if n := d.Length(1); n == 1 {
-		a.RDMAIRD = []uint32{d.Uint32()}
-	}
-	return a
-}
 
 // SessionID is a sessionid4.
 type SessionID [16]byte
@@ -47,8 +14,8 @@ type SessionID [16]byte
 // and fore channel slot table.
 type session struct {
 	id    SessionID
-	fore  channelAttrs
-	back  channelAttrs
+	fore  channelAttrs4
+	back  channelAttrs4
 	slots *slotTable
 }
 
@@ -57,111 +24,62 @@ const maxSlots = 256
 
 // exchangeID establishes the client ID (RFC 8881 s18.35), SP4_NONE.
 func (c *Client) exchangeID(ctx context.Context) error {
-	var cp compound
-	cp.reset(c.rpc, c.sysCred, "")
-	cp.op(opExchangeID)
-	cp.e.FixedOpaque(c.verifier[:])
-	cp.e.Opaque(c.ownerID)
-	cp.e.Uint32(exchgidFlagUseNonPNFS)
-	cp.e.Uint32(sp4None)
-	cp.e.Uint32(1) // one nfs_impl_id4
-	cp.e.String("rdmafs.invalid")
-	cp.e.String("rdmafs " + Version)
-	cp.e.Uint64(0)
-	cp.e.Uint32(0)
-	rep, err := c.rpc.Do(ctx, cp.call())
-	if err != nil {
+	op := &exchangeIDOp{args: exchangeId4args{
+		clientowner:  clientOwner4{verifier: c.verifier, ownerid: c.ownerID},
+		flags:        exchgid4FlagUseNonPnfs,
+		clientImplId: []nfsImplId4{{domain: "rdmafs.invalid", name: "rdmafs " + Version}},
+	}}
+	if err := c.simple(ctx, op); err != nil {
 		return fmt.Errorf("EXCHANGE_ID: %w", err)
 	}
-	defer rep.Release()
-	var r results
-	if err := r.init(&cp, rep); err != nil {
-		return err
+	res := &op.res
+	if len(res.serverImplId) == 1 {
+		c.serverImpl = res.serverImplId[0].name
 	}
-	if err := r.next(opExchangeID); err != nil {
-		return err
-	}
-	d := &r.d
-	clientID := d.Uint64()
-	seq := d.Uint32()
-	d.Uint32() // eir_flags
-	if how := d.Uint32(); d.Err() == nil && how != sp4None {
-		return fmt.Errorf("%w: EXCHANGE_ID: server chose state protection %d, asked for SP4_NONE", ErrProtocol, how)
-	}
-	d.Uint64()     // so_minor_id
-	d.Opaque(1024) // so_major_id
-	d.Opaque(1024) // eir_server_scope
-	if n := d.Length(1); n == 1 {
-		d.String(1024)
-		c.serverImpl = d.String(1024)
-		decodeTime(d)
-	}
-	if err := r.check(opExchangeID); err != nil {
-		return err
-	}
-	c.clientID, c.csSeq = clientID, seq
-	c.clientIDv.Store(clientID)
-	c.trace("EXCHANGE_ID clientid=%#x seq=%d server=%q", clientID, seq, c.serverImpl)
+	c.clientID, c.csSeq = res.clientid, res.sequenceid
+	c.clientIDv.Store(res.clientid)
+	c.trace("EXCHANGE_ID clientid=%#x seq=%d server=%q", res.clientid, res.sequenceid, c.serverImpl)
 	return nil
 }
 
 // createSession makes a new session for the current client ID (RFC 8881
 // s18.36) and asks for the connection to be bound as back channel too.
 func (c *Client) createSession(ctx context.Context) (*session, error) {
-	var cp compound
-	cp.reset(c.rpc, c.sysCred, "")
-	cp.op(opCreateSession)
-	cp.e.Uint64(c.clientID)
-	cp.e.Uint32(c.csSeq)
 	flags := uint32(0)
 	if !c.cfg.NoBackChannel {
-		flags |= createSessionConnBackCh
+		flags |= createSession4FlagConnBackChan
 	}
-	cp.e.Uint32(flags)
-	fore := channelAttrs{
-		MaxRequest:        uint32(c.cfg.WSize) + 8192,
-		MaxResponse:       uint32(c.cfg.RSize) + 8192,
-		MaxResponseCached: 8192,
-		MaxOps:            16,
-		MaxRequests:       uint32(c.cfg.MaxRequests),
-	}
-	back := channelAttrs{MaxRequest: 4096, MaxResponse: 4096, MaxOps: 8, MaxRequests: cbSlots}
-	fore.encode(&cp.e)
-	back.encode(&cp.e)
-	cp.e.Uint32(cbProgram)
-	cp.e.Uint32(2)
-	cp.e.Uint32(oncrpc.FlavorNone)
-	cp.e.Uint32(oncrpc.FlavorSys)
-	cp.e.FixedOpaque(c.sysCred.Body)
-	rep, err := c.rpc.Do(ctx, cp.call())
-	if err != nil {
+	op := &createSessionOp{args: createSession4args{
+		clientid: c.clientID,
+		sequence: c.csSeq,
+		flags:    flags,
+		foreChanAttrs: channelAttrs4{
+			maxrequestsize:        uint32(c.cfg.WSize) + 8192,
+			maxresponsesize:       uint32(c.cfg.RSize) + 8192,
+			maxresponsesizeCached: 8192,
+			maxoperations:         16,
+			maxrequests:           uint32(c.cfg.MaxRequests),
+		},
+		backChanAttrs: channelAttrs4{maxrequestsize: 4096, maxresponsesize: 4096, maxoperations: 8, maxrequests: cbSlots},
+		cbProgram:     cbProgram,
+		secParms: []callbackSecParms4{
+			{flavor: authNone},
+			{flavor: authSys, sysCred: rawXDR(c.sysCred.Body)},
+		},
+	}}
+	if err := c.simple(ctx, op); err != nil {
 		return nil, fmt.Errorf("CREATE_SESSION: %w", err)
 	}
-	defer rep.Release()
-	var r results
-	if err := r.init(&cp, rep); err != nil {
-		return nil, err
-	}
-	if err := r.next(opCreateSession); err != nil {
-		return nil, err
-	}
-	s := &session{}
-	copy(s.id[:], r.d.FixedOpaque(16))
-	r.d.Uint32() // csr_sequence
-	gotFlags := r.d.Uint32()
-	s.fore = decodeChannelAttrs(&r.d)
-	s.back = decodeChannelAttrs(&r.d)
-	if err := r.check(opCreateSession); err != nil {
-		return nil, err
-	}
-	if s.fore.MaxRequests == 0 {
+	res := &op.res
+	s := &session{id: res.sessionid, fore: res.foreChanAttrs, back: res.backChanAttrs}
+	if s.fore.maxrequests == 0 {
 		return nil, fmt.Errorf("%w: CREATE_SESSION granted no slots", ErrProtocol)
 	}
 	c.csSeq++ // RFC 8881 s18.36.4: the next CREATE_SESSION uses the next sequence
-	s.slots = newSlotTable(int(min(s.fore.MaxRequests, maxSlots)))
-	c.backChannel = gotFlags&createSessionConnBackCh != 0
+	s.slots = newSlotTable(int(min(s.fore.maxrequests, maxSlots)))
+	c.backChannel = res.flags&createSession4FlagConnBackChan != 0
 	c.trace("CREATE_SESSION id=%x slots=%d maxreq=%d maxresp=%d backchannel=%v",
-		s.id[:], s.fore.MaxRequests, s.fore.MaxRequest, s.fore.MaxResponse, c.backChannel)
+		s.id[:], s.fore.maxrequests, s.fore.maxrequestsize, s.fore.maxresponsesize, c.backChannel)
 	return s, nil
 }
 
@@ -187,7 +105,7 @@ func (c *Client) establish(ctx context.Context, newClient bool) error {
 		return err
 	}
 	c.sess.Store(s)
-	c.cb.setSession(s.id, int(s.back.MaxRequests))
+	c.cb.setSession(s.id, int(s.back.maxrequests))
 	if newClient {
 		c.newClientID()
 		if !c.needReclaim {
@@ -211,42 +129,6 @@ func (c *Client) recoverClient(ctx context.Context, bad *session, why error) err
 	return c.recoverState(ctx, bad, true, why)
 }
 
-func (c *compound) sequence(id SessionID, seq uint32, slot, highest int) {
-	c.op(opSequence)
-	c.e.FixedOpaque(id[:])
-	c.e.Uint32(seq)
-	c.e.Uint32(uint32(slot))
-	c.e.Uint32(uint32(highest))
-	c.cacheAt = c.e.Len()
-	c.e.Bool(false) // sa_cachethis: set by call() for non-idempotent compounds
-}
-
-// decodeSequence returns the SEQUENCE status, the target highest slot
-// and the status flags.
-func (r *results) decodeSequence(id SessionID) (Status, int, uint32, error) {
-	err := r.next(opSequence)
-	if oe, ok := err.(*OpError); ok { // next returns *OpError unwrapped
-		return oe.Status, -1, 0, nil
-	}
-	if err != nil {
-		return 0, -1, 0, err
-	}
-	var got SessionID
-	copy(got[:], r.d.FixedOpaque(16))
-	r.d.Uint32() // sr_sequenceid
-	r.d.Uint32() // sr_slotid
-	r.d.Uint32() // sr_highest_slotid
-	target := r.d.Uint32()
-	flags := r.d.Uint32()
-	if err := r.check(opSequence); err != nil {
-		return 0, -1, 0, err
-	}
-	if got != id {
-		return 0, -1, 0, fmt.Errorf("%w: SEQUENCE reply for another session", ErrProtocol)
-	}
-	return StatusOK, int(min(target, maxSlots)), flags, nil
-}
-
 // destroy ends the session and the client ID (RFC 8881 s18.37, s18.50).
 func (c *Client) destroy(ctx context.Context) error {
 	s := c.sess.Load()
@@ -254,36 +136,33 @@ func (c *Client) destroy(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
-	var cp compound
-	cp.reset(c.rpc, c.sysCred, "")
-	cp.op(opDestroySession)
-	cp.e.FixedOpaque(s.id[:])
-	if err := c.simple(ctx, &cp, opDestroySession); err != nil {
+	if err := c.simple(ctx, &destroySessionOp{args: destroySession4args{sessionid: s.id}}); err != nil {
 		errs = append(errs, fmt.Errorf("DESTROY_SESSION: %w", err))
 	}
-	cp.reset(c.rpc, c.sysCred, "")
-	cp.op(opDestroyClientID)
-	cp.e.Uint64(c.clientID)
-	if err := c.simple(ctx, &cp, opDestroyClientID); err != nil {
+	if err := c.simple(ctx, &destroyClientIDOp{args: destroyClientid4args{clientid: c.clientID}}); err != nil {
 		errs = append(errs, fmt.Errorf("DESTROY_CLIENTID: %w", err))
 	}
 	c.sess.Store(nil)
 	return errors.Join(errs...)
 }
 
-// simple sends a one-op compound outside a session and checks its
-// status, retrying while the server answers NFS4ERR_DELAY (knfsd does so
-// for DESTROY_SESSION while requests on the session are still running).
-func (c *Client) simple(ctx context.Context, cp *compound, op uint32) error {
-	call := cp.call()
+// simple sends a COMPOUND of ops outside a session (the operations that
+// make and end sessions and client IDs, RFC 8881 s18.35-s18.37, s18.50)
+// and decodes their results into them, retrying while the server answers
+// NFS4ERR_DELAY (knfsd does so for DESTROY_SESSION while requests on the
+// session are still running).
+func (c *Client) simple(ctx context.Context, ops ...nfsOp) error {
+	var cp compound
 	for attempt := 1; ; attempt++ {
-		rep, err := c.rpc.Do(ctx, call)
+		cp.reset(c.rpc, c.sysCred, "")
+		cp.add(ops...)
+		rep, err := c.rpc.Do(ctx, cp.call())
 		if err != nil {
 			return err
 		}
 		var r results
-		if err = r.init(cp, rep); err == nil {
-			err = r.voidOp(op)
+		if err = r.init(&cp, rep); err == nil {
+			err = r.decodeAll(&cp)
 		}
 		rep.Release()
 		if !errors.Is(err, ErrDelay) || attempt >= 20 {
@@ -302,13 +181,7 @@ func (c *Client) bindConn(ctx context.Context) error {
 	if s == nil {
 		return nil
 	}
-	var cp compound
-	cp.reset(c.rpc, c.sysCred, "")
-	cp.op(opBindConnToSession)
-	cp.e.FixedOpaque(s.id[:])
-	cp.e.Uint32(cdfc4ForeOrBoth)
-	cp.e.Bool(false)
-	err := c.simple(ctx, &cp, opBindConnToSession)
+	err := c.simple(ctx, &bindConnToSessionOp{args: bindConnToSession4args{sessionid: s.id, dir: cdfc4ForeOrBoth}})
 	c.trace("BIND_CONN_TO_SESSION: %v", err)
 	return err
 }
@@ -339,7 +212,7 @@ func (c *Client) renewLoop() {
 		// Close ends a renewal in flight rather than wait up to a lease
 		// for it.
 		ctx, cancel := context.WithTimeout(c.closing, c.lease)
-		err := c.do(ctx, c.sysCred, func(*compound) {}, func(*results) error { return nil })
+		err := c.do(ctx, c.sysCred, func(*compound) {})
 		cancel()
 		c.trace("lease renewal: %v", err)
 	}
