@@ -126,7 +126,9 @@ func (s *callbackServer) compound(args []byte) ([]byte, error) {
 	var r cbResults
 	var slot *cbSlot
 	var slotSeq uint32
-	if minor != minorVersion1 {
+	// RFC 7862 s16 (and RFC 8881 s20.2): the callback's minor version is
+	// the session's.
+	if minor != minorVersion1 && minor != minorVersion2 {
 		r.status = ErrMinorVersMismatch
 		nops = 0
 	}
@@ -181,8 +183,18 @@ func (s *callbackServer) compound(args []byte) ([]byte, error) {
 			}
 			s.locks.notify(fh, clientID, owner)
 			r.add(op, StatusOK)
+		case opCBOffload:
+			// RFC 7862 s16.1: an asynchronous COPY finished.
+			var a cbOffload4args
+			a.decode(d)
+			if d.Err() != nil {
+				r.add(op, ErrBadXDR)
+				break
+			}
+			s.c.copies.done(a.stateid, copyOutcome(&a.info))
+			r.add(op, StatusOK)
 		case opCBGetAttr, opCBLayoutRecall, opCBNotify, opCBPushDeleg, opCBRecallableObj,
-			opCBRecallSlot, opCBWantsCancel, opCBNotifyDevID, opCBOffload:
+			opCBRecallSlot, opCBWantsCancel, opCBNotifyDevID:
 			r.add(op, ErrNotSupp)
 		default:
 			r.add(opCBIllegal, ErrOpIllegal)

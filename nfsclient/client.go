@@ -62,11 +62,15 @@ type Config struct {
 	// DELEGRETURN. By default OPEN asks for none
 	// (OPEN4_SHARE_ACCESS_WANT_NO_DELEG).
 	Delegations bool
+	// MinorVersion is the NFSv4 minor version: 2 (RFC 7862) or 1 (RFC
+	// 8881). Zero means 2, falling back to 1 when the server refuses 2
+	// (NFS4ERR_MINOR_VERS_MISMATCH); an explicit 2 does not fall back.
+	MinorVersion int
 	// Tracer receives NFS trace events; nil traces nothing.
 	Tracer *trace.Tracer
 }
 
-// Client is an NFSv4.1 client with one session to one server. It is safe
+// Client is an NFSv4.1 or NFSv4.2 client with one session to one server. It is safe
 // for concurrent use.
 type Client struct {
 	cfg        Config
@@ -102,6 +106,8 @@ type Client struct {
 
 	cb       *callbackServer
 	ownerSeq atomic.Uint64 // open-owner numbers
+	minor    atomic.Uint32 // NFSv4 minor version of the COMPOUNDs sent
+	copies   copyTable     // asynchronous COPYs waiting for CB_OFFLOAD
 
 	stats     Stats
 	credCache sync.Map // credKey -> oncrpc.Credential
@@ -130,6 +136,11 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Hostname == "" {
 		cfg.Hostname, _ = os.Hostname()
 	}
+	switch cfg.MinorVersion {
+	case 0, 1, 2:
+	default:
+		return nil, fmt.Errorf("nfsclient: NFS version 4.%d not supported (4.1 or 4.2)", cfg.MinorVersion)
+	}
 	c := &Client{
 		cfg:       cfg,
 		rpc:       oncrpc.NewClient(cfg.Transport, nfsProgram, nfsVersion, cfg.RPC),
@@ -138,6 +149,10 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		opens:     make(map[[12]byte]*OpenFile),
 	}
 	c.closing, c.stop = context.WithCancel(context.Background())
+	c.minor.Store(minorVersion2)
+	if cfg.MinorVersion == 1 {
+		c.minor.Store(minorVersion1)
+	}
 	c.stats.init()
 	rand.Read(c.verifier[:])
 	// One client owner per Client: two mounts of one server from this

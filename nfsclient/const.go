@@ -7,6 +7,7 @@ const (
 	procNull      = 0
 	procCompound  = 1
 	minorVersion1 = 1
+	minorVersion2 = 2
 
 	// cbProgram is the callback program number we register in
 	// CREATE_SESSION (any value is allowed: RFC 8881 s18.36.3).

@@ -99,6 +99,17 @@ const (
 	ErrWrongCred         Status = 10082
 	ErrWrongType         Status = 10083
 	ErrDelegRevoked      Status = 10087
+
+	// NFSv4.2 (RFC 7862 s11.1) and extended attributes (RFC 8276 s8.1).
+	ErrPartnerNotSupp Status = 10088
+	ErrPartnerNoAuth  Status = 10089
+	ErrUnionNotSupp   Status = 10090
+	ErrOffloadDenied  Status = 10091
+	ErrWrongLFS       Status = 10092
+	ErrBadLabel       Status = 10093
+	ErrOffloadNoReqs  Status = 10094
+	ErrNoXattr        Status = 10095
+	ErrXattr2Big      Status = 10096
 )
 
 var statusNames = map[Status]string{
@@ -137,7 +148,12 @@ var statusNames = map[Status]string{
 	ErrSeqFalseRetry: "NFS4ERR_SEQ_FALSE_RETRY", ErrBadHighSlot: "NFS4ERR_BAD_HIGH_SLOT",
 	ErrDeadSession: "NFS4ERR_DEADSESSION", ErrNotOnlyOp: "NFS4ERR_NOT_ONLY_OP",
 	ErrWrongCred: "NFS4ERR_WRONG_CRED", ErrWrongType: "NFS4ERR_WRONG_TYPE",
-	ErrDelegRevoked: "NFS4ERR_DELEG_REVOKED",
+	ErrDelegRevoked:   "NFS4ERR_DELEG_REVOKED",
+	ErrPartnerNotSupp: "NFS4ERR_PARTNER_NOTSUPP", ErrPartnerNoAuth: "NFS4ERR_PARTNER_NO_AUTH",
+	ErrUnionNotSupp: "NFS4ERR_UNION_NOTSUPP", ErrOffloadDenied: "NFS4ERR_OFFLOAD_DENIED",
+	ErrWrongLFS: "NFS4ERR_WRONG_LFS", ErrBadLabel: "NFS4ERR_BADLABEL",
+	ErrOffloadNoReqs: "NFS4ERR_OFFLOAD_NO_REQS", ErrNoXattr: "NFS4ERR_NOXATTR",
+	ErrXattr2Big: "NFS4ERR_XATTR2BIG",
 }
 
 func (s Status) String() string {
@@ -189,8 +205,18 @@ func (s Status) Errno() syscall.Errno {
 		return syscall.EDQUOT
 	case ErrStale, ErrFHExpired, ErrBadHandle, ErrMoved:
 		return syscall.ESTALE
-	case ErrNotSupp, ErrAttrNotSupp, ErrLockNotSupp:
+	case ErrNotSupp, ErrAttrNotSupp, ErrLockNotSupp, ErrOpIllegal:
 		return syscall.EOPNOTSUPP
+	case ErrOffloadDenied, ErrOffloadNoReqs, ErrPartnerNotSupp, ErrPartnerNoAuth, ErrUnionNotSupp:
+		// A copy the server will not do: the caller falls back to
+		// reading and writing, as Linux's nfs42_proc_copy does.
+		return syscall.EOPNOTSUPP
+	case ErrWrongLFS, ErrBadLabel:
+		return syscall.EINVAL
+	case ErrNoXattr:
+		return syscall.ENODATA
+	case ErrXattr2Big:
+		return syscall.E2BIG
 	case ErrTooSmall:
 		return syscall.EINVAL
 	case ErrDelay, ErrGrace:

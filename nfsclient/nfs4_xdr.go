@@ -223,6 +223,18 @@ const (
 	opSequence          = 53
 	opDestroyClientID   = 57
 	opReclaimComplete   = 58
+	opAllocate          = 59
+	opCopy              = 60
+	opDeallocate        = 62
+	opOffloadCancel     = 66
+	opOffloadStatus     = 67
+	opReadPlus          = 68
+	opSeek              = 69
+	opClone             = 71
+	opGetXattr          = 72
+	opSetXattr          = 73
+	opListXattrs        = 74
+	opRemoveXattr       = 75
 	opIllegal           = 10044
 )
 
@@ -296,6 +308,30 @@ func opSpecOf(op uint32) (opSpec, bool) {
 		return opSpec{name: "DESTROY_CLIENTID", cached: false, reply: 128}, true
 	case opReclaimComplete:
 		return opSpec{name: "RECLAIM_COMPLETE", cached: true, reply: 128}, true
+	case opAllocate:
+		return opSpec{name: "ALLOCATE", cached: false, reply: 128}, true
+	case opCopy:
+		return opSpec{name: "COPY", cached: true, reply: 128}, true
+	case opDeallocate:
+		return opSpec{name: "DEALLOCATE", cached: false, reply: 128}, true
+	case opOffloadCancel:
+		return opSpec{name: "OFFLOAD_CANCEL", cached: false, reply: 128}, true
+	case opOffloadStatus:
+		return opSpec{name: "OFFLOAD_STATUS", cached: false, reply: 128}, true
+	case opReadPlus:
+		return opSpec{name: "READ_PLUS", cached: false, reply: 128}, true
+	case opSeek:
+		return opSpec{name: "SEEK", cached: false, reply: 128}, true
+	case opClone:
+		return opSpec{name: "CLONE", cached: false, reply: 128}, true
+	case opGetXattr:
+		return opSpec{name: "GETXATTR", cached: false, reply: 128}, true
+	case opSetXattr:
+		return opSpec{name: "SETXATTR", cached: true, reply: 128}, true
+	case opListXattrs:
+		return opSpec{name: "LISTXATTRS", cached: false, reply: 128}, true
+	case opRemoveXattr:
+		return opSpec{name: "REMOVEXATTR", cached: true, reply: 128}, true
 	case opIllegal:
 		return opSpec{name: "ILLEGAL", cached: false, reply: 128}, true
 	}
@@ -687,6 +723,164 @@ func (*reclaimCompleteOp) num() uint32 { return opReclaimComplete }
 func (o *reclaimCompleteOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
 
 func (*reclaimCompleteOp) decodeRes(*results) error { return nil }
+
+// allocateOp is the ALLOCATE operation.
+type allocateOp struct {
+	args allocate4args
+}
+
+func (*allocateOp) num() uint32 { return opAllocate }
+
+func (o *allocateOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (*allocateOp) decodeRes(*results) error { return nil }
+
+// copyOp is the COPY operation.
+type copyOp struct {
+	args   copy4args
+	res    copy4resok
+	fail   copyRequirements4 // the body after a failure status
+	failed bool              // fail was decoded
+}
+
+func (*copyOp) num() uint32 { return opCopy }
+
+func (o *copyOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (o *copyOp) decodeRes(r *results) error {
+	o.res.decode(&r.d)
+	return nil
+}
+
+func (o *copyOp) decodeFail(r *results, st Status) {
+	if st == ErrOffloadNoReqs {
+		o.fail.decode(&r.d)
+		o.failed = r.d.Err() == nil
+	}
+}
+
+// deallocateOp is the DEALLOCATE operation.
+type deallocateOp struct {
+	args deallocate4args
+}
+
+func (*deallocateOp) num() uint32 { return opDeallocate }
+
+func (o *deallocateOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (*deallocateOp) decodeRes(*results) error { return nil }
+
+// offloadCancelOp is the OFFLOAD_CANCEL operation.
+type offloadCancelOp struct {
+	args offloadCancel4args
+}
+
+func (*offloadCancelOp) num() uint32 { return opOffloadCancel }
+
+func (o *offloadCancelOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (*offloadCancelOp) decodeRes(*results) error { return nil }
+
+// offloadStatusOp is the OFFLOAD_STATUS operation.
+type offloadStatusOp struct {
+	args offloadStatus4args
+	res  offloadStatus4resok
+}
+
+func (*offloadStatusOp) num() uint32 { return opOffloadStatus }
+
+func (o *offloadStatusOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (o *offloadStatusOp) decodeRes(r *results) error {
+	o.res.decode(&r.d)
+	return nil
+}
+
+// seekOp is the SEEK operation.
+type seekOp struct {
+	args seek4args
+	res  seek4resok
+}
+
+func (*seekOp) num() uint32 { return opSeek }
+
+func (o *seekOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (o *seekOp) decodeRes(r *results) error {
+	o.res.decode(&r.d)
+	return nil
+}
+
+// cloneOp is the CLONE operation.
+type cloneOp struct {
+	args clone4args
+}
+
+func (*cloneOp) num() uint32 { return opClone }
+
+func (o *cloneOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (*cloneOp) decodeRes(*results) error { return nil }
+
+// getXattrOp is the GETXATTR operation.
+type getXattrOp struct {
+	args getxattr4args
+	res  getxattr4resok
+}
+
+func (*getXattrOp) num() uint32 { return opGetXattr }
+
+func (o *getXattrOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (o *getXattrOp) decodeRes(r *results) error {
+	o.res.decode(&r.d)
+	return nil
+}
+
+// setXattrOp is the SETXATTR operation.
+type setXattrOp struct {
+	args setxattr4args
+	res  setxattr4resok
+}
+
+func (*setXattrOp) num() uint32 { return opSetXattr }
+
+func (o *setXattrOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (o *setXattrOp) decodeRes(r *results) error {
+	o.res.decode(&r.d)
+	return nil
+}
+
+// listXattrsOp is the LISTXATTRS operation.
+type listXattrsOp struct {
+	args listxattrs4args
+	res  listxattrs4resok
+}
+
+func (*listXattrsOp) num() uint32 { return opListXattrs }
+
+func (o *listXattrsOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (o *listXattrsOp) decodeRes(r *results) error {
+	o.res.decode(&r.d)
+	return nil
+}
+
+// removeXattrOp is the REMOVEXATTR operation.
+type removeXattrOp struct {
+	args removexattr4args
+	res  removexattr4resok
+}
+
+func (*removeXattrOp) num() uint32 { return opRemoveXattr }
+
+func (o *removeXattrOp) encodeArgs(cp *compound) { o.args.encode(&cp.e) }
+
+func (o *removeXattrOp) decodeRes(r *results) error {
+	o.res.decode(&r.d)
+	return nil
+}
 
 // nfstime4 is the XDR struct nfstime4. RFC 8881 s3.3.1.
 type nfstime4 struct {
@@ -1619,4 +1813,329 @@ type reclaimComplete4args struct {
 
 func (v *reclaimComplete4args) encode(e *xdr.Encoder) {
 	e.Bool(v.oneFs)
+}
+
+// allocate4args is the XDR struct ALLOCATE4args. ALLOCATE, DEALLOCATE: RFC 7862 s15.1, s15.4.
+type allocate4args struct {
+	stateid StateID
+	offset  uint64
+	length  uint64
+}
+
+func (v *allocate4args) encode(e *xdr.Encoder) {
+	v.stateid.encode(e)
+	e.Uint64(v.offset)
+	e.Uint64(v.length)
+}
+
+// deallocate4args is the XDR struct DEALLOCATE4args.
+type deallocate4args struct {
+	stateid StateID
+	offset  uint64
+	length  uint64
+}
+
+func (v *deallocate4args) encode(e *xdr.Encoder) {
+	v.stateid.encode(e)
+	e.Uint64(v.offset)
+	e.Uint64(v.length)
+}
+
+// seek4args is the XDR struct SEEK4args. SEEK: RFC 7862 s15.11.
+type seek4args struct {
+	stateid StateID
+	offset  uint64
+	what    uint32
+}
+
+func (v *seek4args) encode(e *xdr.Encoder) {
+	v.stateid.encode(e)
+	e.Uint64(v.offset)
+	e.Uint32(v.what)
+}
+
+// seek4resok is the XDR struct SEEK4resok.
+type seek4resok struct {
+	eof    bool
+	offset uint64
+}
+
+func (v *seek4resok) decode(d *xdr.Decoder) {
+	v.eof = d.Bool()
+	v.offset = d.Uint64()
+}
+
+// netaddr4 is the XDR struct netaddr4.
+type netaddr4 struct {
+	netid string
+	addr  string
+}
+
+func (v *netaddr4) encode(e *xdr.Encoder) {
+	e.String(v.netid)
+	e.String(v.addr)
+}
+
+// netloc4 is the XDR union netloc4.
+type netloc4 struct {
+	nltype uint32
+	name   string
+	url    string
+	addr   netaddr4
+}
+
+func (v *netloc4) encode(e *xdr.Encoder) {
+	e.Uint32(v.nltype)
+	switch v.nltype {
+	case nl4Name:
+		e.String(v.name)
+	case nl4Url:
+		e.String(v.url)
+	case nl4Netaddr:
+		v.addr.encode(e)
+	}
+}
+
+// copy4args is the XDR struct COPY4args.
+type copy4args struct {
+	srcStateid  StateID
+	dstStateid  StateID
+	srcOffset   uint64
+	dstOffset   uint64
+	count       uint64
+	consecutive bool
+	synchronous bool
+	srcServers  []netloc4
+}
+
+func (v *copy4args) encode(e *xdr.Encoder) {
+	v.srcStateid.encode(e)
+	v.dstStateid.encode(e)
+	e.Uint64(v.srcOffset)
+	e.Uint64(v.dstOffset)
+	e.Uint64(v.count)
+	e.Bool(v.consecutive)
+	e.Bool(v.synchronous)
+	e.Uint32(uint32(len(v.srcServers)))
+	for i := range v.srcServers {
+		v.srcServers[i].encode(e)
+	}
+}
+
+// writeResponse4 is the XDR struct write_response4.
+type writeResponse4 struct {
+	callbackId []StateID
+	count      uint64
+	committed  Stable
+	writeverf  [nfs4VerifierSize]byte
+}
+
+func (v *writeResponse4) decode(d *xdr.Decoder) {
+	v.callbackId = make([]StateID, d.Length(1))
+	for i := range v.callbackId {
+		v.callbackId[i].decode(d)
+	}
+	v.count = d.Uint64()
+	v.committed = Stable(d.Uint32())
+	copy(v.writeverf[:], d.FixedOpaque(len(v.writeverf)))
+}
+
+// copyRequirements4 is the XDR struct copy_requirements4.
+type copyRequirements4 struct {
+	consecutive bool
+	synchronous bool
+}
+
+func (v *copyRequirements4) decode(d *xdr.Decoder) {
+	v.consecutive = d.Bool()
+	v.synchronous = d.Bool()
+}
+
+// copy4resok is the XDR struct COPY4resok.
+type copy4resok struct {
+	response     writeResponse4
+	requirements copyRequirements4
+}
+
+func (v *copy4resok) decode(d *xdr.Decoder) {
+	v.response.decode(d)
+	v.requirements.decode(d)
+}
+
+// offloadCancel4args is the XDR struct OFFLOAD_CANCEL4args. OFFLOAD_CANCEL, OFFLOAD_STATUS: RFC 7862 s15.8, s15.9.
+type offloadCancel4args struct {
+	stateid StateID
+}
+
+func (v *offloadCancel4args) encode(e *xdr.Encoder) {
+	v.stateid.encode(e)
+}
+
+// offloadStatus4args is the XDR struct OFFLOAD_STATUS4args.
+type offloadStatus4args struct {
+	stateid StateID
+}
+
+func (v *offloadStatus4args) encode(e *xdr.Encoder) {
+	v.stateid.encode(e)
+}
+
+// offloadStatus4resok is the XDR struct OFFLOAD_STATUS4resok.
+type offloadStatus4resok struct {
+	count    uint64
+	complete []Status
+}
+
+func (v *offloadStatus4resok) decode(d *xdr.Decoder) {
+	v.count = d.Uint64()
+	v.complete = make([]Status, d.Length(1))
+	for i := range v.complete {
+		v.complete[i] = Status(d.Uint32())
+	}
+}
+
+// offloadInfo4 is the XDR union offload_info4. CB_OFFLOAD: RFC 7862 s16.1.
+type offloadInfo4 struct {
+	status Status
+	resok  writeResponse4
+	count  uint64
+}
+
+func (v *offloadInfo4) decode(d *xdr.Decoder) {
+	v.status = Status(d.Uint32())
+	switch v.status {
+	case nfs4Ok:
+		v.resok.decode(d)
+	default:
+		v.count = d.Uint64()
+	}
+}
+
+// cbOffload4args is the XDR struct CB_OFFLOAD4args.
+type cbOffload4args struct {
+	fh      []byte
+	stateid StateID
+	info    offloadInfo4
+}
+
+func (v *cbOffload4args) decode(d *xdr.Decoder) {
+	v.fh = append([]byte(nil), d.Opaque(nfs4Fhsize)...)
+	v.stateid.decode(d)
+	v.info.decode(d)
+}
+
+// clone4args is the XDR struct CLONE4args. CLONE: RFC 7862 s15.13.
+type clone4args struct {
+	srcStateid StateID
+	dstStateid StateID
+	srcOffset  uint64
+	dstOffset  uint64
+	count      uint64
+}
+
+func (v *clone4args) encode(e *xdr.Encoder) {
+	v.srcStateid.encode(e)
+	v.dstStateid.encode(e)
+	e.Uint64(v.srcOffset)
+	e.Uint64(v.dstOffset)
+	e.Uint64(v.count)
+}
+
+// readPlus4args is the XDR struct READ_PLUS4args. READ_PLUS: RFC 7862 s15.10. The result is decoded by hand, into the
+// caller's buffer; these are its types.
+type readPlus4args struct {
+	stateid StateID
+	offset  uint64
+	count   uint32
+}
+
+func (v *readPlus4args) encode(e *xdr.Encoder) {
+	v.stateid.encode(e)
+	e.Uint64(v.offset)
+	e.Uint32(v.count)
+}
+
+// getxattr4args is the XDR struct GETXATTR4args. GETXATTR: RFC 8276 s8.4.2.
+type getxattr4args struct {
+	name string
+}
+
+func (v *getxattr4args) encode(e *xdr.Encoder) {
+	e.String(v.name)
+}
+
+// getxattr4resok is the XDR struct GETXATTR4resok.
+type getxattr4resok struct {
+	value []byte
+}
+
+func (v *getxattr4resok) decode(d *xdr.Decoder) {
+	v.value = append([]byte(nil), d.Opaque(xdrMaxLen)...)
+}
+
+// setxattr4args is the XDR struct SETXATTR4args.
+type setxattr4args struct {
+	option uint32
+	key    string
+	value  []byte
+}
+
+func (v *setxattr4args) encode(e *xdr.Encoder) {
+	e.Uint32(v.option)
+	e.String(v.key)
+	e.Opaque(v.value)
+}
+
+// setxattr4resok is the XDR struct SETXATTR4resok.
+type setxattr4resok struct {
+	cinfo changeInfo4
+}
+
+func (v *setxattr4resok) decode(d *xdr.Decoder) {
+	v.cinfo.decode(d)
+}
+
+// listxattrs4args is the XDR struct LISTXATTRS4args. LISTXATTRS: RFC 8276 s8.4.4.
+type listxattrs4args struct {
+	cookie   uint64
+	maxcount uint32
+}
+
+func (v *listxattrs4args) encode(e *xdr.Encoder) {
+	e.Uint64(v.cookie)
+	e.Uint32(v.maxcount)
+}
+
+// listxattrs4resok is the XDR struct LISTXATTRS4resok.
+type listxattrs4resok struct {
+	cookie uint64
+	names  []string
+	eof    bool
+}
+
+func (v *listxattrs4resok) decode(d *xdr.Decoder) {
+	v.cookie = d.Uint64()
+	v.names = make([]string, d.Length(xdrMaxLen))
+	for i := range v.names {
+		v.names[i] = d.String(nfs4NameLimit)
+	}
+	v.eof = d.Bool()
+}
+
+// removexattr4args is the XDR struct REMOVEXATTR4args. REMOVEXATTR: RFC 8276 s8.4.5.
+type removexattr4args struct {
+	name string
+}
+
+func (v *removexattr4args) encode(e *xdr.Encoder) {
+	e.String(v.name)
+}
+
+// removexattr4resok is the XDR struct REMOVEXATTR4resok.
+type removexattr4resok struct {
+	cinfo changeInfo4
+}
+
+func (v *removexattr4resok) decode(d *xdr.Decoder) {
+	v.cinfo.decode(d)
 }

@@ -175,6 +175,61 @@ var xdrDecoders = []struct {
 		v.decode(d)
 		return nil
 	}},
+	{"SEEK4resok", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v seek4resok
+		v.decode(d)
+		return nil
+	}},
+	{"write_response4", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v writeResponse4
+		v.decode(d)
+		return nil
+	}},
+	{"copy_requirements4", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v copyRequirements4
+		v.decode(d)
+		return nil
+	}},
+	{"COPY4resok", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v copy4resok
+		v.decode(d)
+		return nil
+	}},
+	{"OFFLOAD_STATUS4resok", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v offloadStatus4resok
+		v.decode(d)
+		return nil
+	}},
+	{"offload_info4", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v offloadInfo4
+		v.decode(d)
+		return nil
+	}},
+	{"CB_OFFLOAD4args", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v cbOffload4args
+		v.decode(d)
+		return nil
+	}},
+	{"GETXATTR4resok", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v getxattr4resok
+		v.decode(d)
+		return nil
+	}},
+	{"SETXATTR4resok", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v setxattr4resok
+		v.decode(d)
+		return nil
+	}},
+	{"LISTXATTRS4resok", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v listxattrs4resok
+		v.decode(d)
+		return nil
+	}},
+	{"REMOVEXATTR4resok", func(d *xdr.Decoder) func(e *xdr.Encoder) {
+		var v removexattr4resok
+		v.decode(d)
+		return nil
+	}},
 }
 
 // FuzzXDRDecoders feeds arbitrary bytes to every generated decoder:

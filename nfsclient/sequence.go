@@ -90,7 +90,7 @@ func (c *Client) send(ctx context.Context, cred oncrpc.Credential, cp *compound,
 	if err != nil {
 		return x, err
 	}
-	cp.reset(c.rpc, cred, "")
+	cp.resetMinor(c.rpc, cred, "", c.minor.Load())
 	cp.sequence(s.id, seq, slot, highest)
 	build(cp)
 	if cp.err != nil {

@@ -29,7 +29,14 @@ func (c *Client) exchangeID(ctx context.Context) error {
 		flags:        exchgid4FlagUseNonPnfs,
 		clientImplId: []nfsImplId4{{domain: "rdmafs.invalid", name: "rdmafs " + Version}},
 	}}
-	if err := c.simple(ctx, op); err != nil {
+	err := c.simple(ctx, op)
+	if errors.Is(err, ErrMinorVersMismatch) && c.cfg.MinorVersion == 0 && c.minor.Load() == minorVersion2 {
+		// RFC 8881 s16.2.3: the server does not speak 4.2; 4.1 then.
+		c.trace("EXCHANGE_ID: server refuses NFSv4.2, falling back to 4.1")
+		c.minor.Store(minorVersion1)
+		err = c.simple(ctx, op)
+	}
+	if err != nil {
 		return fmt.Errorf("EXCHANGE_ID: %w", err)
 	}
 	res := &op.res
@@ -154,7 +161,7 @@ func (c *Client) destroy(ctx context.Context) error {
 func (c *Client) simple(ctx context.Context, ops ...nfsOp) error {
 	var cp compound
 	for attempt := 1; ; attempt++ {
-		cp.reset(c.rpc, c.sysCred, "")
+		cp.resetMinor(c.rpc, c.sysCred, "", c.minor.Load())
 		cp.add(ops...)
 		rep, err := c.rpc.Do(ctx, cp.call())
 		if err != nil {

@@ -41,6 +41,10 @@ func ReplyBulk(call, reply []byte) (off, n int, ok bool) {
 			decodeFattr(d, &a)
 		case opAccess:
 			d.Skip(8)
+		case opReadPlus:
+			// RFC 8267 s4.1: READ_PLUS's data is not DDP-eligible; the
+			// reply goes inline or in a Reply chunk.
+			return 0, 0, false
 		case opRead:
 			d.Bool() // eof
 			fallthrough

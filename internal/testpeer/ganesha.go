@@ -62,7 +62,7 @@ NFS_KRB5 {
 	Active_krb5 = false;
 }
 NFSV4 {
-	Minor_Versions = 1, 2;
+	Minor_Versions = %s;
 	Graceless = %v;
 	Lease_Lifetime = %d;
 	Grace_Period = %d;
@@ -98,6 +98,9 @@ type GaneshaOptions struct {
 	// the caller removes it) instead of a fresh one in the run directory:
 	// a tmpfs keeps a benchmark's disk out of its figures.
 	ExportDir string
+	// MinorVersions is Minor_Versions, the NFSv4 minor versions served;
+	// empty means "1, 2". "1" makes a server that refuses NFSv4.2.
+	MinorVersions string
 }
 
 // StartGanesha runs ganesha.nfsd in the foreground on a free loopback port,
@@ -121,7 +124,7 @@ func StartGaneshaWith(ctx context.Context, opts GaneshaOptions) (*Ganesha, error
 }
 
 func startGanesha(ctx context.Context, opts GaneshaOptions) (*Ganesha, error) {
-	if addr := os.Getenv("RDMAFS_GANESHA"); addr != "" && !opts.Grace {
+	if addr := os.Getenv("RDMAFS_GANESHA"); addr != "" && !opts.Grace && opts.MinorVersions == "" {
 		export := os.Getenv("RDMAFS_GANESHA_EXPORT")
 		if export == "" {
 			export = "/export"
@@ -176,7 +179,7 @@ func startGaneshaOnce(ctx context.Context, bin string, opts GaneshaOptions) (g *
 				return err
 			}
 		}
-		return os.WriteFile(conf, fmt.Appendf(nil, ganeshaConf, ports[0], !opts.Grace, opts.Lease, opts.GracePeriod, recovery, g.Dir), 0o644)
+		return os.WriteFile(conf, fmt.Appendf(nil, ganeshaConf, ports[0], cmp.Or(opts.MinorVersions, "1, 2"), !opts.Grace, opts.Lease, opts.GracePeriod, recovery, g.Dir), 0o644)
 	}
 	if err := setup(); err != nil {
 		os.RemoveAll(runDir)

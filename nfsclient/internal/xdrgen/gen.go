@@ -151,15 +151,13 @@ func (g *gen) goType(d decl) string {
 	case kPrim:
 		t = d.typ
 	case kString:
-		if d.opt {
-			return "*string"
-		}
-		return "string"
+		t = "string"
 	case kOpaque:
-		if d.fixed != "" {
-			return "[" + g.value(d.fixed) + "]byte"
+		if d.ofixed != "" {
+			t = "[" + g.value(d.ofixed) + "]byte"
+		} else {
+			t = "[]byte"
 		}
-		return "[]byte"
 	case kNamed:
 		t = g.namedGo(d.typ)
 	}
@@ -201,11 +199,11 @@ func (g *gen) value(v string) string {
 	return goIdent(v)
 }
 
-func (g *gen) bound(d decl) string {
-	if d.bound == "" {
+func (g *gen) bound(b string) string {
+	if b == "" {
 		return "xdrMaxLen"
 	}
-	return g.value(d.bound)
+	return g.value(b)
 }
 
 func (g *gen) isEnum(d decl) bool {
@@ -225,12 +223,12 @@ func (g *gen) enc(d decl, v string) {
 		g.encElem(e, "(*"+v+")")
 		g.p("} else {\ne.Bool(false)\n}")
 		return
-	case d.kind != kOpaque && d.fixed != "":
+	case d.fixed != "":
 		g.p("for i := range %s {", v)
 		g.encElem(d, v+"[i]")
 		g.p("}")
 		return
-	case d.kind != kOpaque && d.varlen && d.kind != kString:
+	case d.varlen:
 		g.p("e.Uint32(uint32(len(%s)))", v)
 		g.p("for i := range %s {", v)
 		g.encElem(d, v+"[i]")
@@ -258,7 +256,7 @@ func (g *gen) encElem(d decl, v string) {
 	case kString:
 		g.p("e.String(%s)", v)
 	case kOpaque:
-		if d.fixed != "" {
+		if d.ofixed != "" {
 			g.p("e.FixedOpaque(%s[:])", v)
 		} else {
 			g.p("e.Opaque(%s)", v)
@@ -286,15 +284,15 @@ func (g *gen) dec(d decl, v string) {
 		g.decElem(e, "(*"+v+")")
 		g.p("}")
 		return
-	case d.kind != kOpaque && d.fixed != "":
+	case d.fixed != "":
 		g.p("for i := range %s {", v)
 		g.decElem(d, v+"[i]")
 		g.p("}")
 		return
-	case d.kind != kOpaque && d.varlen && d.kind != kString:
+	case d.varlen:
 		e := d
 		e.varlen = false
-		g.p("%s = make([]%s, d.Length(%s))", v, g.goType(e), g.bound(d))
+		g.p("%s = make([]%s, d.Length(%s))", v, g.goType(e), g.bound(d.bound))
 		g.p("for i := range %s {", v)
 		g.decElem(e, v+"[i]")
 		g.p("}")
@@ -319,12 +317,12 @@ func (g *gen) decElem(d decl, v string) {
 			g.p("%s = d.Bool()", v)
 		}
 	case kString:
-		g.p("%s = d.String(%s)", v, g.bound(d))
+		g.p("%s = d.String(%s)", v, g.bound(d.olen))
 	case kOpaque:
-		if d.fixed != "" {
+		if d.ofixed != "" {
 			g.p("copy(%s[:], d.FixedOpaque(len(%s)))", v, v)
 		} else {
-			g.p("%s = append([]byte(nil), d.Opaque(%s)...)", v, g.bound(d))
+			g.p("%s = append([]byte(nil), d.Opaque(%s)...)", v, g.bound(d.olen))
 		}
 	case kNamed:
 		if g.isEnum(d) && g.namedGo(d.typ) == "uint32" {

@@ -44,10 +44,13 @@ type decl struct {
 	name   string
 	kind   kind
 	typ    string // for kPrim: the Go type; for kNamed: the XDR name
-	fixed  string // [N]: fixed length (array or opaque)
-	varlen bool   // <N>
+	fixed  string // [N]: fixed-length array
+	varlen bool   // <N>: variable-length array
 	bound  string // N of <N>; "" for <>
 	opt    bool   // *name: optional-data
+	ofixed string // opaque[N]: fixed-length opaque data
+	olen   string // opaque<N>, string<N>: the length bound; "" for <>
+
 }
 
 type unionArm struct {
@@ -342,25 +345,39 @@ func parseDecl(l *lexer) (decl, error) {
 		d.opt = true
 	}
 	d.name = l.next()
+	bytes := d.kind == kOpaque || d.kind == kString
 	switch l.peek() {
 	case "[":
 		l.next()
-		d.fixed = l.next()
+		n := l.next()
+		if d.kind == kOpaque {
+			d.ofixed = n
+		} else if bytes {
+			return d, fmt.Errorf("string %s: no fixed-length strings", d.name)
+		} else {
+			d.fixed = n
+		}
 		if err := l.expect("]"); err != nil {
 			return d, err
 		}
 	case "<":
 		l.next()
-		d.varlen = true
+		n := ""
 		if l.peek() != ">" {
-			d.bound = l.next()
+			n = l.next()
+		}
+		if bytes {
+			d.olen = n
+		} else {
+			d.varlen, d.bound = true, n
 		}
 		if err := l.expect(">"); err != nil {
 			return d, err
 		}
-	}
-	if (d.kind == kOpaque || d.kind == kString) && d.fixed == "" && !d.varlen {
-		return d, fmt.Errorf("%s %s needs a length", t, d.name)
+	default:
+		if bytes {
+			return d, fmt.Errorf("%s %s needs a length", t, d.name)
+		}
 	}
 	return d, nil
 }
