@@ -98,8 +98,8 @@ func TestMountNotADirectory(t *testing.T) {
 func TestMountBadOptions(t *testing.T) {
 	for _, tc := range []struct{ opts, want string }{
 		{"colour=blue", `unknown mount option "colour=blue"`},
-		{"vers=3", "NFS version 4.1 only"},
-		{"vers=4.2", "NFS version 4.1 only"},
+		{"vers=3", "NFS version 4.1 and 4.2 only"},
+		{"vers=4.3", "NFS version 4.1 and 4.2 only"},
 		{"proto=udp", "want proto=tcp or proto=rdma"},
 		{"rsize=abc", "rsize=abc: not a non-negative number"},
 		{"rdmavers=3", "want auto, 1 or 2"},

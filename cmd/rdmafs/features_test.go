@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -368,5 +369,29 @@ func TestStatsDirGetattrsCached(t *testing.T) {
 	n, err := strconv.Atoi(strings.Fields(rest)[0])
 	if err != nil || n < 1 {
 		t.Fatalf("dir_getattrs_cached=%s after creating 8 files, want at least 1:\n%s", strings.Fields(rest)[0], out)
+	}
+}
+
+// TestStatsMinorVersion: rdmafs stats shows the NFS minor version the
+// mount speaks: 4.2 by default against a server that has it, 4.1 with
+// vers=4.1.
+func TestStatsMinorVersion(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	host, port := splitAddr(t, g.Addr)
+	for _, tc := range []struct {
+		opts []string
+		want string
+	}{
+		{nil, "vers=4.2"},
+		{[]string{"vers=4.1"}, "vers=4.1"},
+	} {
+		mnt := mount(t, peer{name: "ganesha", host: host, port: port, export: g.Export}, tc.opts...)
+		out, code := runBin(t, time.Minute, "stats", mnt)
+		if code != 0 {
+			t.Fatalf("rdmafs stats: exit %d: %s", code, out)
+		}
+		if !regexp.MustCompile(`(?m)^server: .* ` + regexp.QuoteMeta(tc.want) + ` `).MatchString(out) {
+			t.Fatalf("mount -o %v: stats lack %q:\n%s", tc.opts, tc.want, out)
+		}
 	}
 }

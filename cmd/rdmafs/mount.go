@@ -391,9 +391,10 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 				}
 			},
 		},
-		Export: o.Export,
-		RSize:  o.RSize,
-		WSize:  o.WSize,
+		Export:       o.Export,
+		RSize:        o.RSize,
+		WSize:        o.WSize,
+		MinorVersion: minorVersion(o.Vers),
 		// Delegations let the FUSE layer cache attributes and data
 		// without revalidating (fuse/deleg.go).
 		Delegations: true,
@@ -511,4 +512,16 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 		return exitf(exitFailure, err, "unmount of %s: %v", o.Dir, err)
 	}
 	return nil
+}
+
+// minorVersion is the NFSv4 minor version of vers= for nfsclient.Config:
+// 0 (vers=4) negotiates, 4.2 falling back to 4.1.
+func minorVersion(vers string) int {
+	switch vers {
+	case "4.1":
+		return 1
+	case "4.2":
+		return 2
+	}
+	return 0
 }

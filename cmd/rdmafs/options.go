@@ -50,7 +50,7 @@ const (
 func defaultOptions() mountOptions {
 	return mountOptions{
 		Proto:    "tcp",
-		Vers:     "4.1",
+		Vers:     "4", // 4.2, or 4.1 if the server refuses 4.2
 		RSize:    1 << 20,
 		WSize:    1 << 20,
 		Timeo:    60 * time.Second, // nfs(5): timeo=600 for TCP
@@ -154,8 +154,10 @@ func (o *mountOptions) set(opt string) error {
 		}
 		o.Port = v
 	case "vers", "nfsvers":
-		if val != "4.1" {
-			return fmt.Errorf("option %s=%s: rdmafs speaks NFS version 4.1 only (vers=4.1)", name, val)
+		switch val {
+		case "4", "4.1", "4.2":
+		default:
+			return fmt.Errorf("option %s=%s: rdmafs speaks NFS version 4.1 and 4.2 only (vers=4, 4.1 or 4.2)", name, val)
 		}
 		o.Vers = val
 	case "rsize", "wsize":

@@ -54,6 +54,7 @@ func TestOptionList(t *testing.T) {
 	want.Timeo, want.Retrans, want.Hard = 1500*time.Millisecond, 5, false
 	want.AcRegMin, want.AcRegMax, want.AcDirMin, want.AcDirMax = 7*time.Second, 7*time.Second, 7*time.Second, 9*time.Second
 	want.ReadOnly, want.AllowOther, want.RDMAVers = true, true, "2"
+	want.Vers = "4.1"
 	if !reflect.DeepEqual(o, want) {
 		t.Errorf("got  %+v\nwant %+v", o, want)
 	}
@@ -75,8 +76,8 @@ func TestOptionList(t *testing.T) {
 func TestOptionErrors(t *testing.T) {
 	for opt, want := range map[string]string{
 		"bogus":       `unknown mount option "bogus"`,
-		"vers=4.0":    "4.1 only",
-		"nfsvers=3":   "4.1 only",
+		"vers=4.0":    "4.1 and 4.2 only",
+		"nfsvers=3":   "4.1 and 4.2 only",
 		"proto=udp":   "proto=tcp or proto=rdma",
 		"port=70000":  "out of range",
 		"rsize=100":   "want 4096",
