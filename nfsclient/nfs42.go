@@ -109,13 +109,18 @@ type CopyResult struct {
 // gives an error whose Errno is EOPNOTSUPP (NFS4ERR_NOTSUPP,
 // OFFLOAD_DENIED, OFFLOAD_NO_REQS): the caller then reads and writes.
 func (c *Client) Copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID StateID, dst []byte, dstSID StateID, srcOff, dstOff, count uint64) (CopyResult, error) {
+	return c.copy(ctx, cred, src, srcSID, dst, dstSID, srcOff, dstOff, count, true)
+}
+
+// copy is Copy; sync false lets the server copy in the background.
+func (c *Client) copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID StateID, dst []byte, dstSID StateID, srcOff, dstOff, count uint64, sync bool) (CopyResult, error) {
 	if err := c.need42("COPY"); err != nil {
 		return CopyResult{}, err
 	}
 	op := &copyOp{}
 	err := c.do(ctx, cred, func(cp *compound) {
 		op.args = copy4args{srcStateid: c.sid(cp, srcSID), dstStateid: c.sid(cp, dstSID),
-			srcOffset: srcOff, dstOffset: dstOff, count: count, consecutive: true, synchronous: true}
+			srcOffset: srcOff, dstOffset: dstOff, count: count, consecutive: true, synchronous: sync}
 		cp.putFH(src)
 		cp.saveFH()
 		cp.putFH(dst)
@@ -233,6 +238,7 @@ func (c *Client) waitCopy(ctx context.Context, cred oncrpc.Credential, dst []byt
 		select {
 		case out := <-ch:
 			t.Stop()
+			c.trace("COPY %x: CB_OFFLOAD: %d bytes, %v", sid.Other, out.count, out.err)
 			return out, out.err
 		case <-ctx.Done():
 			t.Stop()
@@ -251,6 +257,7 @@ func (c *Client) waitCopy(ctx context.Context, cred oncrpc.Credential, dst []byt
 			cp.putFH(dst)
 			cp.add(st)
 		})
+		c.trace("COPY %x: OFFLOAD_STATUS: %+v, %v", sid.Other, st.res, err)
 		if errors.Is(err, ErrBadStateID) || errors.Is(err, ErrNotSupp) {
 			// The copy is over and forgotten, or the server only
 			// reports by callback: wait for CB_OFFLOAD.

@@ -270,6 +270,18 @@ func TestCopyClone(t *testing.T) {
 		if got := readRange(ctx, t, c, dst, 0, 4096); !bytes.Equal(got, make([]byte, 4096)) {
 			t.Fatal("bytes before the copy's offset are not zeros")
 		}
+		// Asked to, knfsd copies in the background and reports the end
+		// with CB_OFFLOAD (RFC 7862 s15.2.3, s16.1).
+		adst := createFile(ctx, t, c, dir, "async")
+		defer c.CloseFile(ctx, rootCred, adst)
+		r, err := c.copy(ctx, rootCred, src.FH, src.StateID, adst.FH, adst.StateID, 0, 0, uint64(len(data)), false)
+		if err != nil || r.Count != uint64(len(data)) || r.Committed != FileSync {
+			t.Fatalf("asynchronous COPY: %+v, %v", r, err)
+		}
+		t.Logf("COPY asked to run in the background: async=%v", r.Async)
+		if got := readRange(ctx, t, c, adst, 0, len(data)); !bytes.Equal(got, data) {
+			t.Fatalf("asynchronous copy differs (%d bytes read)", len(got))
+		}
 		cl := createFile(ctx, t, c, dir, "clone")
 		defer c.CloseFile(ctx, rootCred, cl)
 		a, err := c.Clone(ctx, rootCred, src.FH, src.StateID, cl.FH, cl.StateID, 0, 0, 0)
