@@ -557,6 +557,18 @@ func (q *QP) rxSend(rs *rxState, h *ddpHeader, n int) error {
 	if uint64(h.mo) > size {
 		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUInvalidMO, fmt.Errorf("iwarp: Send MO %d beyond %d-byte buffer", h.mo, size))
 	}
+	if h.mo != rs.curLen {
+		// RFC 5041 s5.4: a message is delivered only once all its
+		// segments are placed; over MPA/TCP they arrive in order
+		// (RFC 5041 s5.3, RFC 5044), so a segment that does not start
+		// where the message's placed bytes end leaves a gap (or
+		// overlap) that no later segment can fill. Completing the
+		// message would hand up whatever the buffer held in the gap:
+		// terminate with the untagged buffer error Invalid MO
+		// (RFC 5041 s7.2, code 4), as Linux siw does, rather than
+		// deliver a prefix the sender did not mean as a message.
+		return rs.fault(LayerDDP, DDPEtypeUntaggedBuf, DDPCodeUInvalidMO, fmt.Errorf("iwarp: Send segment at MO %d, message placed up to %d", h.mo, rs.curLen))
+	}
 	if uint64(h.mo)+uint64(n) > size {
 		q.mu.Lock()
 		q.rq.pop()
@@ -570,7 +582,7 @@ func (q *QP) rxSend(rs *rxState, h *ddpHeader, n int) error {
 	if err := q.readTrailer(rs); err != nil {
 		return err
 	}
-	rs.curLen = max(rs.curLen, h.mo+uint32(n))
+	rs.curLen = h.mo + uint32(n) // contiguous: h.mo was rs.curLen
 	if !h.last() {
 		return nil
 	}
