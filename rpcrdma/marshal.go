@@ -67,6 +67,10 @@ type req struct {
 	readSegs    []Segment    // backs the Read chunk's segments
 	replyBuf    []byte       // Reply chunk target (slab); handed up with the reply
 	replySegs   []Segment    // the Reply chunk offered (empty: none)
+	// replyPlaced is what the provider saw placed in the Reply chunk,
+	// counted by invalidate; replyKnown is false when it cannot know.
+	replyPlaced int
+	replyKnown  bool
 	kinds       [2]chunkKind // call and reply decisions, for tracing and counters
 	tr          *Transport
 	probe       bool   // sent as the version-2 negotiation probe
@@ -93,7 +97,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	call := r.call
 	h := &r.hdr
 	*h = Header{XID: call.XID, Vers: vers, Credit: credits, Proc: ProcMsg, Reads: h.Reads[:0], Writes: h.Writes[:0]}
-	r.writeRegs, r.writePlaced = 0, nil
+	r.writeRegs, r.writePlaced, r.replyKnown = 0, nil, false
 	r.readFrom = maxRegs // until the call side is marshalled: all
 	pool := c.t.pool
 
@@ -373,6 +377,8 @@ func (r *req) invalidateFirst(c *conn, n int, rx bool) error {
 			known = known && ok
 		case isWrite:
 			placed = append(placed, 0) // the call fails: see below
+		case err == nil && len(r.replySegs) > 0 && reg.STag == r.replySegs[0].Handle:
+			r.replyPlaced, r.replyKnown = n, ok // the Reply chunk's
 		}
 		if c.t.cfg.Tracer.On(trace.MR) {
 			c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", r.xid, reg.STag, err)

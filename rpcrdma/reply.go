@@ -332,6 +332,14 @@ func (r *req) parseReply(h *Header, payload []byte, lent func()) (*oncrpc.Reply,
 		buf, pool := r.replyBuf, r.tr.pool
 		msg, release = buf[:chunkLen(h.Reply)], func() { pool.Put(buf) }
 		r.replyBuf = nil
+		if r.replyKnown && len(msg) > r.replyPlaced {
+			// RFC 8166 s3.4.6, as for a Write chunk: only the bytes
+			// the responder wrote are the reply; what the buffer held
+			// beyond them is not. A chunk claiming more is unusable,
+			// and the call's memory is gone (see below).
+			release()
+			return nil, fmt.Errorf("%w: %w: xid %#x: Reply chunk claims %d bytes, %d were written", oncrpc.ErrConnection, errUnusable, r.xid, len(msg), r.replyPlaced)
+		}
 		if len(msg) < 4 || binary.BigEndian.Uint32(msg) != h.XID {
 			// Found only now that the chunk may be read: the call's
 			// memory is gone, so it cannot wait for another reply.

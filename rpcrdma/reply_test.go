@@ -2,6 +2,7 @@ package rpcrdma
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -236,6 +237,73 @@ func TestHostileWriteChunkOverclaim(t *testing.T) {
 				if b != guardPattern {
 					t.Fatalf("byte %d beyond the placed bytes changed", len(data)+i)
 				}
+			}
+		})
+	}
+}
+
+// TestHostileReplyChunkOverclaim: a responder whose returned Reply chunk
+// claims more bytes than it RDMA-Wrote (8192 claimed, a 24-byte reply
+// written) does not get the rest of the buffer, which held a marker,
+// passed off as the reply (RFC 8166 s3.4.6: only the bytes it wrote are
+// the reply). The call fails as on a broken connection; a reply that
+// claims what it wrote is delivered, exactly those bytes.
+func TestHostileReplyChunkOverclaim(t *testing.T) {
+	for _, claim := range []string{"overclaim", "exact"} {
+		t.Run(claim, func(t *testing.T) {
+			fp := newFakePeer(t, peerOpts{Credits: 4})
+			tr := fp.transport(Config{Version: Version1})
+			pc := warmUp(t, fp, tr)
+			// Whatever buffer the Reply chunk gets, it held the marker.
+			pool := tr.Buffers()
+			var held [][]byte
+			for range 8 {
+				b, err := pool.Get(8192)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fill(b, guardPattern)
+				held = append(held, b)
+			}
+			for _, b := range held {
+				pool.Put(b)
+			}
+			ch := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 80, Head: mkCall(80, procBigRepl, be32(0)), MaxReplySize: 8192})
+			m := pc.recvCall()
+			if len(m.Hdr.Reply) != 1 || m.Hdr.Reply[0].Length < 8192 {
+				t.Fatalf("Reply chunk %v offered for an 8192-byte reply", m.Hdr.Reply)
+			}
+			seg := m.Hdr.Reply[0]
+			reply := rpcReply(m.RPCXID)
+			if err := pc.write(seg.Handle, seg.Offset, reply); err != nil {
+				t.Fatal(err)
+			}
+			h := pc.replyHeader(m)
+			h.Proc = ProcNoMsg
+			h.Reply = []Segment{seg}
+			if claim == "exact" {
+				h.Reply[0].Length = uint32(len(reply))
+			}
+			m.release()
+			pc.send(h)
+			r := fp.wait(ch)
+			if claim == "exact" {
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				defer r.rep.Release()
+				if !bytes.Equal(r.rep.Msg, reply) {
+					t.Fatalf("reply %d bytes, want the %d written", len(r.rep.Msg), len(reply))
+				}
+				return
+			}
+			if r.err == nil {
+				defer r.rep.Release()
+				t.Fatalf("%d bytes claimed, %d written: a %d-byte reply was delivered, %d bytes of it the buffer's old contents",
+					seg.Length, len(reply), len(r.rep.Msg), bytes.Count(r.rep.Msg, []byte{guardPattern}))
+			}
+			if !errors.Is(r.err, oncrpc.ErrConnection) {
+				t.Fatalf("RoundTrip: %v, want a connection error", r.err)
 			}
 		})
 	}
