@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/internal/xdr"
@@ -61,6 +62,14 @@ type ResponderConfig struct {
 	MaxRecv int
 	// Tracer receives -v rdma events.
 	Tracer *trace.Tracer
+	// Memory is the registered memory (the slab) of every connection's
+	// buffers. Zero means 256 MiB. ConnMemory is the share one
+	// connection may hold at once; zero means an eighth of Memory.
+	Memory, ConnMemory int64
+	// ReadTimeout bounds how long an RDMA Read of a call's Read chunk
+	// may go unanswered before the connection is closed. Zero means
+	// 30 s.
+	ReadTimeout time.Duration
 }
 
 // Responder is the server side of RPC-over-RDMA: it accepts connections,
@@ -79,7 +88,7 @@ type Responder struct {
 
 	// Calls counts calls handled; MaxInFlight is the most calls that were
 	// ever between arrival and reply on one connection.
-	recvBufs sync.Map // verbs.QueuePair -> [][]byte posted by setupQP
+	recvBufs sync.Map // verbs.QueuePair -> *connSetup, by setupQP
 
 	calls       atomic.Uint64
 	maxInFlight atomic.Int64
@@ -110,11 +119,20 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 	if cfg.MaxRecv <= 0 {
 		cfg.MaxRecv = 64 << 10
 	}
+	if cfg.Memory <= 0 {
+		cfg.Memory = defaultMemory
+	}
+	if cfg.ConnMemory <= 0 {
+		cfg.ConnMemory = cfg.Memory / defaultShareDiv
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = defaultReadTimeout
+	}
 	pd := verbs.NewProtectionDomain()
 	if dp, ok := cfg.Provider.(verbs.DomainProvider); ok {
 		pd = dp.NewProtectionDomain()
 	}
-	s := &Responder{cfg: cfg, pd: pd, pool: mrcache.New(pd, 256<<20), conns: make(map[*serverConn]struct{})}
+	s := &Responder{cfg: cfg, pd: pd, pool: mrcache.New(pd, cfg.Memory), conns: make(map[*serverConn]struct{})}
 	ours := PrivateData{Version: privDataVersion, RemoteInvalidate: false, InlineSend: cfg.InlineSend, InlineRecv: cfg.InlineRecv}
 	// Receive buffers are posted in Setup, before the connection is
 	// accepted: the requester's first Send must find one (RFC 5040 s5.3).
@@ -165,20 +183,36 @@ func (s *Responder) DropConnections() {
 	}
 }
 
-// setupQP posts a new connection's receive buffers before it is accepted.
+// connSetup is what setupQP prepared for a connection.
+type connSetup struct {
+	bufs [][]byte
+	mem  *connBudget
+}
+
+// setupQP posts a new connection's receive buffers before it is
+// accepted, from the connection's share of registered memory; if the
+// slab has no room for them in setupWait, the connection is refused.
 func (s *Responder) setupQP(qp verbs.QueuePair) error {
-	bufs := make([][]byte, s.cfg.Credits+4)
-	for i := range bufs {
-		b, err := s.pool.GetWait(context.Background(), s.cfg.InlineRecv)
-		if err != nil {
-			return err
+	ctx, cancel := context.WithTimeout(context.Background(), setupWait)
+	defer cancel()
+	cs := &connSetup{bufs: make([][]byte, 0, s.cfg.Credits+4), mem: newConnBudget(s.cfg.ConnMemory)}
+	fail := func(err error) error {
+		for _, b := range cs.bufs {
+			_ = s.pool.Put(b)
 		}
-		bufs[i] = b
+		return err
+	}
+	for i := range cap(cs.bufs) {
+		b, err := s.getBuf(ctx, cs.mem, s.cfg.InlineRecv, true)
+		if err != nil {
+			return fail(err)
+		}
+		cs.bufs = append(cs.bufs, b)
 		if err := s.postRecv(qp, uint64(i), b); err != nil {
-			return err
+			return fail(err)
 		}
 	}
-	s.recvBufs.Store(qp, bufs)
+	s.recvBufs.Store(qp, cs)
 	return nil
 }
 
@@ -214,15 +248,23 @@ func (s *Responder) acceptLoop() {
 		peer, _, err := ParsePrivateData(qp.PeerPrivateData())
 		if err != nil {
 			qp.Close()
+			if v, ok := s.recvBufs.LoadAndDelete(qp); ok {
+				for _, b := range v.(*connSetup).bufs {
+					_ = s.pool.Put(b)
+				}
+			}
 			continue
 		}
-		bufs, ok := s.recvBufs.LoadAndDelete(qp)
+		v, ok := s.recvBufs.LoadAndDelete(qp)
 		if !ok {
 			qp.Close()
 			continue
 		}
-		c := &serverConn{s: s, qp: qp, recvBufs: bufs.([][]byte), privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
+		cs := v.(*connSetup)
+		c := &serverConn{s: s, qp: qp, recvBufs: cs.bufs, mem: cs.mem, slots: make(chan struct{}, s.cfg.Credits),
+			privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
 			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars}
+		c.ctx, c.cancel = context.WithCancel(context.Background())
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
@@ -247,6 +289,12 @@ type serverConn struct {
 	recvBufs [][]byte       // posted by Responder.setupQP, owned by serve
 	recvSGL  [][1]verbs.SGE // by WRID: the scatter list of the posted buffer, owned by serve
 
+	// ctx ends with the connection: waits for memory end with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	mem    *connBudget   // the connection's share of registered memory
+	slots  chan struct{} // one per call in progress, at most the grant
+
 	mu        sync.Mutex // guards the version-2 state below
 	vers      uint32     // 0 until the first call, then its version
 	peerChars Chars      // the requester's characteristics (version 2)
@@ -270,7 +318,7 @@ func (c *serverConn) tracef(format string, args ...any) {
 
 func (c *serverConn) serve() {
 	bufs := c.recvBufs
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := c.ctx, c.cancel
 	sendDone := make(chan struct{})
 	go func() {
 		defer close(sendDone)
@@ -283,7 +331,7 @@ func (c *serverConn) serve() {
 		cancel()
 		<-sendDone
 		for _, b := range bufs {
-			c.s.pool.Put(b)
+			c.putBuf(b)
 		}
 	}()
 	var wc [16]verbs.Completion
@@ -299,6 +347,14 @@ func (c *serverConn) serve() {
 			msg := append([]byte(nil), bufs[w.WRID][:w.ByteLen]...)
 			bufs[w.WRID] = c.nextRecvBuf(bufs[w.WRID])
 			if c.repostRecv(w.WRID, bufs[w.WRID]) != nil {
+				return
+			}
+			if !c.enter() {
+				// RFC 8166 s3.3.1: the requester sent more than we
+				// granted; "the RDMA layer may signal an error,
+				// possibly terminating the connection". The grant
+				// bounds the calls in progress, so it is closed.
+				c.tracef("closing: a message beyond the %d calls in progress the grant allows", cap(c.slots))
 				return
 			}
 			if len(msg) >= 16 && binary.BigEndian.Uint32(msg[12:]) == ProcOptional {
@@ -320,7 +376,7 @@ func (c *serverConn) sendLoop(ctx context.Context) {
 	run := func(ws []verbs.Completion) {
 		for _, w := range ws {
 			if d, ok := c.takeDone(w.WRID); ok {
-				d.run(c.s.pool, w)
+				d.run(c, w)
 			}
 		}
 	}
@@ -347,7 +403,7 @@ func (c *serverConn) postSend(op verbs.Opcode, invalidate uint32, pieces ...[]by
 	for _, p := range pieces {
 		n += len(p)
 	}
-	buf, err := c.s.pool.GetWait(context.Background(), max(n, 1))
+	buf, err := c.getBuf(n, false)
 	if err != nil {
 		return err
 	}
@@ -370,21 +426,21 @@ type wrDone struct {
 	ref    *replyRef
 }
 
-func (d wrDone) run(pool *mrcache.Pool, w verbs.Completion) {
+func (d wrDone) run(c *serverConn, w verbs.Completion) {
 	if d.copyTo != nil && w.Status == verbs.StatusSuccess {
 		copy(d.copyTo, d.buf)
 	}
 	if d.ch != nil {
 		d.ch <- w
 	}
-	d.release(pool)
+	d.release(c)
 }
 
 // release gives back what the work request held, without a completion
 // (it could not be posted) or after one.
-func (d wrDone) release(pool *mrcache.Pool) {
+func (d wrDone) release(c *serverConn) {
 	if d.buf != nil {
-		pool.Put(d.buf)
+		c.putBuf(d.buf)
 	}
 	if d.ref != nil {
 		d.ref.drop()
@@ -421,7 +477,7 @@ func (c *serverConn) postSGE(wr verbs.SendWR, sge verbs.SGE, d wrDone) error {
 	c.doneMu.Unlock()
 	if err := c.qp.PostSend(wr); err != nil {
 		if d, ok := c.takeDone(wr.WRID); ok {
-			d.release(c.s.pool)
+			d.release(c)
 		}
 		return err
 	}
@@ -446,8 +502,24 @@ func (r *replyRef) drop() {
 	}
 }
 
-// handle serves one call message.
+// handle serves one message, in the call slot serve took for it.
 func (c *serverConn) handle(msg []byte) {
+	// A call is in progress from its arrival until its reply is about
+	// to go out: the requester cannot send the next one before that
+	// reply, so the slot is free again by the time it can.
+	left := false
+	leave := func() {
+		if !left {
+			left = true
+			c.leave()
+		}
+	}
+	defer leave()
+	c.handleCall(msg, leave)
+}
+
+// handleCall serves one message; leave gives its call slot back.
+func (c *serverConn) handleCall(msg []byte, leave func()) {
 	var h Header
 	hlen, err := h.Decode(msg, c.s.cfg.MaxVersion >= Version2)
 	if err != nil {
@@ -473,23 +545,6 @@ func (c *serverConn) handle(msg []byte) {
 	}
 	if mt, ok := oncrpc.MessageType(msg[hlen:]); ok && mt == oncrpc.MsgReply && h.Proc == ProcMsg {
 		return // a reply to a backward call; this responder makes none
-	}
-	// A call is in flight from its arrival until its reply is about to
-	// go out: the requester cannot send the next one before that reply.
-	depth := c.inFlight.Add(1)
-	left := false
-	leave := func() {
-		if !left {
-			left = true
-			c.inFlight.Add(-1)
-		}
-	}
-	defer leave()
-	for {
-		m := c.s.maxInFlight.Load()
-		if depth <= m || c.s.maxInFlight.CompareAndSwap(m, depth) {
-			break
-		}
 	}
 	call, release, err := c.pullReadChunks(&h, msg[hlen:])
 	if err != nil {
@@ -580,11 +635,11 @@ func (c *serverConn) pullReadChunks(h *Header, inline []byte) (call []byte, rele
 	var buf []byte
 	var put func()
 	if size <= mrcache.ChunkSize {
-		b, err := c.s.pool.GetWait(context.Background(), size)
+		b, err := c.getBuf(size, true)
 		if err != nil {
 			return nil, nil, err
 		}
-		buf, put = b, func() { c.s.pool.Put(b) }
+		buf, put = b[:size], func() { c.putBuf(b) }
 	} else {
 		bp := getCallBuf(size)
 		buf, put = *bp, func() { putCallBuf(bp) }
@@ -638,6 +693,10 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 		ch  chan verbs.Completion
 	}
 	var pieces []piece
+	// A requester that leaves the Reads unanswered holds the call's
+	// memory and slot: past the deadline its connection is closed.
+	timer := time.NewTimer(c.s.cfg.ReadTimeout)
+	defer timer.Stop()
 	wait := func() error {
 		var err error
 		for _, p := range pieces {
@@ -648,9 +707,14 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 				}
 			case <-c.qp.Done():
 				return fmt.Errorf("RDMA Read: %w", c.qp.Err())
+			case <-timer.C:
+				c.tracef("closing: a Read chunk unanswered for %v", c.s.cfg.ReadTimeout)
+				c.qp.Close()
+				return fmt.Errorf("RDMA Read: unanswered for %v: connection closed", c.s.cfg.ReadTimeout)
 			}
 		}
 		pieces = pieces[:0]
+		timer.Reset(c.s.cfg.ReadTimeout)
 		return err
 	}
 	off := 0
@@ -666,7 +730,7 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 				// Straight into the registered call buffer.
 				err = c.postSGE(wr, sge, wrDone{ch: p.ch})
 			} else {
-				buf, gerr := c.s.pool.GetWait(context.Background(), int(n))
+				buf, gerr := c.getBuf(int(n), true)
 				if gerr != nil {
 					return gerr
 				}
@@ -829,7 +893,7 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref 
 				done += k
 				continue
 			}
-			buf, err := c.s.pool.GetWait(context.Background(), k)
+			buf, err := c.getBuf(k, false)
 			if err != nil {
 				return fmt.Errorf("RDMA Write: %w", err)
 			}

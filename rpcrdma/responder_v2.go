@@ -1,7 +1,6 @@
 package rpcrdma
 
 import (
-	"context"
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/verbs"
 )
@@ -52,11 +51,11 @@ func (c *serverConn) nextRecvBuf(old []byte) []byte {
 		c.recvSize, c.growTo = size, 0
 		go c.sendOptional(OptUpdXch, UpdXch{Now: Uint32Val(XCharRBSize, uint32(size)), PendClr: true}.Marshal(), 0)
 	}
-	b, err := c.s.pool.GetWait(context.Background(), size)
+	b, err := c.getBuf(size, true)
 	if err != nil {
 		return old
 	}
-	c.s.pool.Put(old)
+	c.putBuf(old)
 	return b
 }
 

@@ -1,0 +1,194 @@
+package rpcrdma
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
+)
+
+// Hostile requesters against the responder: a raw queue pair of the
+// pure-Go provider that sends whatever transport headers the test
+// writes, beyond the grant, with Read chunks it never lets the responder
+// read.
+
+// stallConn is a requester's connection that, once stalled, swallows
+// everything the responder sends (so the responder's RDMA Reads are
+// never answered) while the requester can still send.
+type stallConn struct {
+	net.Conn
+	stalled   atomic.Bool
+	swallowed atomic.Int64
+	release   chan struct{}
+	once      sync.Once
+}
+
+func (c *stallConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.stalled.Load() {
+		c.swallowed.Add(int64(n))
+		<-c.release
+		return 0, net.ErrClosed
+	}
+	return n, err
+}
+
+func (c *stallConn) unstall() { c.once.Do(func() { close(c.release) }) }
+
+// rawRequester is a requester that follows no rule but the test's.
+type rawRequester struct {
+	t    *testing.T
+	qp   verbs.QueuePair
+	pd   *verbs.ProtectionDomain
+	conn *stallConn
+	mu   sync.Mutex
+	wr   uint64
+}
+
+// dialRaw connects a raw requester to the responder at addr, with
+// receive buffers posted for nrecv replies.
+func dialRaw(t *testing.T, ctx context.Context, addr string, nrecv int) *rawRequester {
+	t.Helper()
+	r := &rawRequester{t: t, pd: verbs.NewProtectionDomain()}
+	pv := &iwarp.Provider{DialConn: func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		r.conn = &stallConn{Conn: c, release: make(chan struct{})}
+		return r.conn, nil
+	}}
+	mem := make([]byte, nrecv*4096)
+	mr, err := r.pd.RegisterMemory(mem, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := func(qp verbs.QueuePair) error {
+		for i := range nrecv {
+			sge := verbs.SGE{MR: mr, Offset: uint64(i * 4096), Length: 4096}
+			if err := qp.PostRecv(verbs.RecvWR{WRID: uint64(i), SGL: []verbs.SGE{sge}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	priv := PrivateData{Version: privDataVersion, InlineSend: 4096, InlineRecv: 4096}.Marshal()
+	qp, err := pv.Dial(ctx, addr, &verbs.ConnParams{PD: r.pd, PrivateData: priv, Setup: setup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.qp = qp
+	t.Cleanup(func() {
+		r.conn.unstall()
+		qp.Close()
+	})
+	return r
+}
+
+// send posts msg as one Send without waiting for it.
+func (r *rawRequester) send(msg []byte) {
+	r.t.Helper()
+	b := append([]byte(nil), msg...)
+	mr, err := r.pd.RegisterMemory(b, verbs.AccessLocalWrite)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wr++
+	if err := r.qp.PostSend(verbs.SendWR{WRID: r.wr, Opcode: verbs.OpSend, SGL: []verbs.SGE{{MR: mr, Length: uint32(len(b))}}}); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// closed reports whether the connection has broken.
+func (r *rawRequester) closed() bool {
+	select {
+	case <-r.qp.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// callMsg is an RDMA_MSG carrying an echo call of args, with a Read chunk
+// of reads, if any, at the end of the arguments.
+func callMsg(xid uint32, args []byte, reads []ReadSegment) []byte {
+	h := Header{XID: xid, Vers: Version1, Credit: 1024, Proc: ProcMsg, Reads: reads}
+	var e xdr.Encoder
+	h.Append(&e)
+	return append(e.Bytes(), mkCall(xid, procEcho, args)...)
+}
+
+// TestHostileResponderGrant: a requester that sends 64 calls on a grant
+// of 4 never has more than 4 calls in progress at the responder (the
+// handler sees at most 4 at once, MaxInFlight stays at 4): the responder
+// closes its connection (RFC 8166 s3.3.1: "the RDMA layer may signal an
+// error, possibly terminating the connection"), and an honest requester
+// is served meanwhile.
+func TestHostileResponderGrant(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const grant = 4
+	release := make(chan struct{})
+	var cur, most atomic.Int32
+	over := make(chan struct{})
+	var overOnce sync.Once
+	hold := func() {
+		n := cur.Add(1)
+		defer cur.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if n > grant {
+			overOnce.Do(func() { close(over) })
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	}
+	resp, err := Listen("127.0.0.1:0", ResponderConfig{Provider: &iwarp.Provider{}, Handler: echoHandler{wait: hold}, Credits: grant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Close()
+	var relOnce sync.Once
+	unblock := func() { relOnce.Do(func() { close(release) }) }
+	defer unblock()
+	r := dialRaw(t, ctx, resp.Addr(), 8)
+	var args xdr.Encoder
+	args.Opaque([]byte("hostile"))
+	for i := range 64 {
+		r.send(callMsg(uint32(1000+i), args.Bytes(), nil))
+	}
+	select {
+	case <-r.qp.Done():
+	case <-over:
+	case <-ctx.Done():
+		t.Fatal("the responder neither closed the connection nor ran more calls than granted")
+	}
+	if m := most.Load(); m > grant {
+		t.Fatalf("the handler ran %d calls of one connection at once on a grant of %d", m, grant)
+	}
+	if m := resp.MaxInFlight(); m > grant {
+		t.Fatalf("the responder had %d calls of one connection in progress on a grant of %d", m, grant)
+	}
+	// The others go on: an honest requester (whose calls find the
+	// handler blocked too, so it is released first).
+	unblock()
+	tr := NewTransport(resp.Addr(), Config{Provider: &iwarp.Provider{}})
+	defer tr.Close()
+	clnt := oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 2})
+	env := &testEnv{resp: resp, tr: tr, clnt: clnt}
+	if err := env.echo(ctx, pattern(100), nil); err != nil {
+		t.Fatalf("honest requester: %v", err)
+	}
+}
