@@ -21,26 +21,23 @@ import (
 
 // stallConn is a requester's connection that, once stalled, swallows
 // everything the responder sends (so the responder's RDMA Reads are
-// never answered) while the requester can still send.
+// never answered) while the requester can still send; the end of the
+// stream still reaches the requester.
 type stallConn struct {
 	net.Conn
 	stalled   atomic.Bool
 	swallowed atomic.Int64
-	release   chan struct{}
-	once      sync.Once
 }
 
 func (c *stallConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if c.stalled.Load() {
+	for {
+		n, err := c.Conn.Read(p)
+		if !c.stalled.Load() || err != nil {
+			return n, err
+		}
 		c.swallowed.Add(int64(n))
-		<-c.release
-		return 0, net.ErrClosed
 	}
-	return n, err
 }
-
-func (c *stallConn) unstall() { c.once.Do(func() { close(c.release) }) }
 
 // rawRequester is a requester that follows no rule but the test's.
 type rawRequester struct {
@@ -63,7 +60,7 @@ func dialRaw(t *testing.T, ctx context.Context, addr string, nrecv int) *rawRequ
 		if err != nil {
 			return nil, err
 		}
-		r.conn = &stallConn{Conn: c, release: make(chan struct{})}
+		r.conn = &stallConn{Conn: c}
 		return r.conn, nil
 	}}
 	mem := make([]byte, nrecv*4096)
@@ -86,10 +83,7 @@ func dialRaw(t *testing.T, ctx context.Context, addr string, nrecv int) *rawRequ
 		t.Fatal(err)
 	}
 	r.qp = qp
-	t.Cleanup(func() {
-		r.conn.unstall()
-		qp.Close()
-	})
+	t.Cleanup(func() { qp.Close() })
 	return r
 }
 
@@ -190,5 +184,112 @@ func TestHostileResponderGrant(t *testing.T) {
 	env := &testEnv{resp: resp, tr: tr, clnt: clnt}
 	if err := env.echo(ctx, pattern(100), nil); err != nil {
 		t.Fatalf("honest requester: %v", err)
+	}
+}
+
+// stallReads connects a raw requester that offers calls with Read
+// chunks of chunk bytes each and never answers the responder's RDMA
+// Reads of them.
+func stallReads(t *testing.T, ctx context.Context, addr string, calls, chunk int) *rawRequester {
+	t.Helper()
+	r := dialRaw(t, ctx, addr, 8)
+	src, err := r.pd.RegisterMemory(make([]byte, chunk), verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.conn.stalled.Store(true)
+	for i := range calls {
+		var args xdr.Encoder
+		args.Uint32(uint32(chunk)) // the opaque's length; its data is the chunk
+		pos := uint32(len(mkCall(0, procEcho)) + 4)
+		r.send(callMsg(uint32(5000+i), args.Bytes(), []ReadSegment{{Position: pos, Segment: Segment{Handle: src.STag(), Length: uint32(chunk)}}}))
+	}
+	return r
+}
+
+// waitSettled waits until the responder's registered memory in use has
+// stopped changing and is at least min bytes.
+func waitSettled(t *testing.T, ctx context.Context, resp *Responder, min int64) int64 {
+	t.Helper()
+	last, same := int64(-1), 0
+	for same < 3 {
+		if ctx.Err() != nil {
+			t.Fatalf("the responder's memory did not settle: %d bytes in use", last)
+		}
+		time.Sleep(100 * time.Millisecond)
+		n := resp.Buffers().Stats().BytesInUse
+		if n == last && n >= min {
+			same++
+		} else {
+			last, same = n, 0
+		}
+	}
+	return last
+}
+
+// TestHostileResponderStalledReads: a requester that offers calls with
+// Read chunks and never lets the responder read them holds no more than
+// its share of the responder's registered memory, so a second requester
+// is served while the first still stalls (before, the first held the
+// whole slab and the second could not even connect: its receive buffers
+// waited for memory forever).
+func TestHostileResponderStalledReads(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const chunk = 4<<20 - 4096 // a call rebuilt in one 4 MiB slab buffer
+	resp, err := Listen("127.0.0.1:0", ResponderConfig{Provider: &iwarp.Provider{}, Handler: echoHandler{}, ReplyBulk: echoReplyBulk,
+		Memory: 64 << 20, ConnMemory: 16 << 20, ReadTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Close()
+	a := stallReads(t, ctx, resp.Addr(), 20, chunk)
+	held := waitSettled(t, ctx, resp, 4<<20)
+	if held > 16<<20 {
+		t.Fatalf("a stalled requester holds %d bytes of registered memory; its share is %d", held, 16<<20)
+	}
+	tr := NewTransport(resp.Addr(), Config{Provider: &iwarp.Provider{}})
+	defer tr.Close()
+	env := &testEnv{resp: resp, tr: tr, clnt: oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 2})}
+	for _, n := range []int{100, 64 << 10, 1 << 20} {
+		if err := env.echo(ctx, pattern(n), nil); err != nil {
+			t.Fatalf("second requester, echo of %d bytes: %v", n, err)
+		}
+	}
+	if a.closed() {
+		t.Fatal("the stalled requester's connection was closed: the second requester was not served beside it")
+	}
+}
+
+// TestHostileResponderReadDeadline: a requester that leaves a Read
+// chunk unanswered past the responder's deadline has its connection
+// closed and its memory given back; the responder serves others.
+func TestHostileResponderReadDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	resp, err := Listen("127.0.0.1:0", ResponderConfig{Provider: &iwarp.Provider{}, Handler: echoHandler{}, ReplyBulk: echoReplyBulk,
+		ReadTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Close()
+	before := resp.Buffers().Stats().BytesInUse
+	a := stallReads(t, ctx, resp.Addr(), 4, 1<<20)
+	select {
+	case <-a.qp.Done():
+	case <-ctx.Done():
+		t.Fatal("the responder did not close a connection whose Read chunks went unanswered")
+	}
+	for resp.Buffers().Stats().BytesInUse != before {
+		if ctx.Err() != nil {
+			t.Fatalf("%d bytes of registered memory in use after the connection closed, %d before", resp.Buffers().Stats().BytesInUse, before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tr := NewTransport(resp.Addr(), Config{Provider: &iwarp.Provider{}})
+	defer tr.Close()
+	env := &testEnv{resp: resp, tr: tr, clnt: oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 2})}
+	if err := env.echo(ctx, pattern(1<<20), nil); err != nil {
+		t.Fatal(err)
 	}
 }
