@@ -67,16 +67,17 @@ type req struct {
 	readSegs    []Segment    // backs the Read chunk's segments
 	replyBuf    []byte       // Reply chunk target (slab); handed up with the reply
 	replySegs   []Segment    // the Reply chunk offered (empty: none)
-	// replyPlaced is what the provider saw placed in the Reply chunk,
-	// counted by invalidate; replyKnown is false when it cannot know.
-	replyPlaced int
-	replyKnown  bool
 	kinds       [2]chunkKind // call and reply decisions, for tracing and counters
 	tr          *Transport
 	probe       bool   // sent as the version-2 negotiation probe
 	resend      bool   // the probe met ERR_VERS: send again as version 1
 	seq         uint64 // the call's place in the connection's message order
 	exposed     bool   // an exposure could not be invalidated: buffers withdrawn
+
+	// replyPlaced is what the provider saw placed in the Reply chunk,
+	// counted by invalidate; replyKnown is false when it cannot know.
+	replyPlaced int
+	replyKnown  bool
 
 	done  chan struct{}
 	reply *oncrpc.Reply
