@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
@@ -93,6 +94,18 @@ func TestHostileMalformedRepliesDropped(t *testing.T) {
 		if err := pc.sendRawInv(b, false, 0); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
+	}
+	// Each was dropped before it changed anything: the grant is still
+	// the last good reply's (4), looked at before a good reply could
+	// set it again (each bad one says 1000, which would count as 128).
+	for tr.Stats().Dropped-before.Dropped < uint64(len(malformed)) {
+		if fp.ctx.Err() != nil {
+			t.Fatalf("%d of %d malformed replies dropped", tr.Stats().Dropped-before.Dropped, len(malformed))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st := tr.Stats(); st.Credits != 4 {
+		t.Fatalf("grant %d after malformed replies, want the 4 of the last good one: a dropped reply's grant was taken", st.Credits)
 	}
 	// The peer places 100 bytes and says so; its READ count says 4096.
 	data := pattern(100)
