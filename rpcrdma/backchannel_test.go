@@ -168,15 +168,21 @@ func TestBackwardSlots(t *testing.T) {
 // TestBackwardReplyTooLarge: a backward reply we cannot send (larger than
 // the responder's inline threshold: backward messages are inline only,
 // RFC 8167) closes the connection, so that the responder learns it is
-// lost (RFC 8166 s4.5.4); forward calls in flight are retransmitted.
+// lost (RFC 8166 s4.5.4); forward calls in flight are retransmitted. The
+// refusal is ours: the peer announces 4096-byte receives but posts
+// 16 KiB buffers, so an oversize reply sent anyway would arrive (its
+// provider would not break the connection for us).
 func TestBackwardReplyTooLarge(t *testing.T) {
-	fp := newFakePeer(t, peerOpts{Credits: 4})
+	fp := newFakePeer(t, peerOpts{Credits: 4, RecvBufSize: 16 << 10})
 	tr := fp.transport(Config{Version: Version1})
 	tr.SetCallHandler(&cbHandler{size: 5000})
 	pc := warmUp(t, fp, tr)
 	ch := goRoundTrip(fp.ctx, tr, smallCall(0xa0))
 	pc.recvCall()
 	pc.sendRaw(backwardCallMsg(Header{XID: 0xa1, Vers: Version1, Credit: 1, Proc: ProcMsg}, 0xa1))
+	if m, err := pc.tryRecv(); err == nil {
+		t.Fatalf("a %d-byte backward reply was sent beyond the peer's 4096-byte receive threshold", len(m.Raw))
+	}
 	pc.waitClosed()
 	if r := fp.wait(ch); !errors.Is(r.err, oncrpc.ErrConnection) {
 		t.Fatalf("forward call returned %v, want a connection error", r.err)

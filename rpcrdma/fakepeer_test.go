@@ -46,6 +46,10 @@ type peerOpts struct {
 	// InlineSend and InlineRecv go into the private data; zero means
 	// 4096.
 	InlineSend, InlineRecv int
+	// RecvBufSize is the size of the receive buffers posted; zero
+	// means InlineRecv. A larger one receives what a requester should
+	// not have sent, where the provider would otherwise refuse it.
+	RecvBufSize int
 	// RemoteInvalidate is the private data's Send With Invalidate flag.
 	RemoteInvalidate bool
 	// Credits is the grant reply and replyTo send; zero means 32.
@@ -122,6 +126,9 @@ func newFakePeer(t testing.TB, opts peerOpts) *fakePeer {
 // accepted.
 func (fp *fakePeer) setup(qp verbs.QueuePair) error {
 	size := fp.opts.InlineRecv
+	if fp.opts.RecvBufSize > 0 {
+		size = fp.opts.RecvBufSize
+	}
 	mem := make([]byte, fp.opts.Recvs*size)
 	mr, err := fp.pd.RegisterMemory(mem, verbs.AccessLocalWrite)
 	if err != nil {
