@@ -40,6 +40,16 @@ func (p PrivateData) Marshal() []byte {
 	return b
 }
 
+// recvFloor raises a configured receive size to the least one the
+// private data can announce: its encoding has no size below 1024
+// (RFC 8797 s5.1), and RFC 8166 s3.3.3 makes 1024 bytes the least every
+// connection provides. Announcing 1024 over smaller receive buffers
+// would make a peer's well-sized Send break the connection.
+func recvFloor(n int) int { return max(n, 1024) }
+
+// encodeInline encodes a size, rounded down to a multiple of 1 KiB (we
+// never announce more than we have); sizes below 1024 cannot be encoded
+// and come out as 1024, which is why receive sizes go through recvFloor.
 func encodeInline(n int) uint8 {
 	n = min(max(n, 1024), maxEncodedInline)
 	return uint8(n/1024 - 1)

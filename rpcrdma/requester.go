@@ -103,6 +103,7 @@ func NewTransport(addr string, cfg Config) *Transport {
 	if cfg.InlineRecv <= 0 {
 		cfg.InlineRecv = 4096
 	}
+	cfg.InlineRecv = recvFloor(cfg.InlineRecv)
 	if cfg.BackchannelSlots <= 0 {
 		cfg.BackchannelSlots = 4
 	}

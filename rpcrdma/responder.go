@@ -113,6 +113,7 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 	if cfg.InlineRecv <= 0 {
 		cfg.InlineRecv = 4096
 	}
+	cfg.InlineRecv = recvFloor(cfg.InlineRecv)
 	if cfg.MaxVersion <= 0 {
 		cfg.MaxVersion = Version1
 	}

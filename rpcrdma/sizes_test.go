@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -131,12 +132,27 @@ func TestV2ReceivesAtLeast4096(t *testing.T) {
 // with a Reply chunk (4 + 16 bytes beyond its presence word) and Write
 // chunks of several segments (8 + 16 per segment): a call that fits
 // the threshold with its header goes inline, one 4 bytes larger goes as a
-// long call; neither fails to marshal.
+// long call; neither fails to marshal. The call threshold is the smaller
+// of our largest Send and the peer's receive size (RFC 8166 s3.3.2, from
+// RFC 8797 private data): with a peer that receives 2048 bytes and our
+// Sends of up to 8192, it is 2048. (The peer posts 16 KiB buffers, so a
+// call sent beyond its announced size would arrive and show.)
 func TestCallHeaderSize(t *testing.T) {
-	fp := newFakePeer(t, peerOpts{})
-	tr := fp.transport(Config{Version: Version1})
+	for _, sizes := range []struct{ ourSend, peerRecv int }{{4096, 4096}, {8192, 2048}} {
+		t.Run(fmt.Sprintf("send%d-recv%d", sizes.ourSend, sizes.peerRecv), func(t *testing.T) {
+			callHeaderSize(t, sizes.ourSend, sizes.peerRecv)
+		})
+	}
+}
+
+func callHeaderSize(t *testing.T, ourSend, peerRecv int) {
+	fp := newFakePeer(t, peerOpts{InlineRecv: peerRecv, RecvBufSize: 16 << 10})
+	tr := fp.transport(Config{Version: Version1, InlineSend: ourSend})
 	pc := warmUp(t, fp, tr)
-	const threshold = 4096
+	threshold := min(ourSend, peerRecv)
+	if st := tr.Stats(); st.InlineSend != threshold {
+		t.Fatalf("call threshold %d, want %d", st.InlineSend, threshold)
+	}
 	xid := uint32(20)
 	for _, tc := range []struct {
 		name      string
@@ -169,5 +185,42 @@ func TestCallHeaderSize(t *testing.T) {
 				t.Fatalf("%s, %d bytes over: %v", tc.name, extra, r.err)
 			}
 		}
+	}
+}
+
+// TestInlineRecvFloor: RFC 8797 private data cannot announce a receive
+// size below 1024 bytes, and RFC 8166 s3.3.3 makes 1024 the least every
+// connection provides; a Config.InlineRecv below it is raised to it, so
+// the receive buffers hold what the private data announced: a reply of
+// that size arrives whole.
+func TestInlineRecvFloor(t *testing.T) {
+	fp := newFakePeer(t, peerOpts{InlineSend: 8192})
+	tr := fp.transport(Config{Version: Version1, InlineRecv: 512})
+	ch := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 1, Head: mkCall(1, procEcho, be32(0)), MaxReplySize: 64})
+	pc := fp.accept()
+	priv, ok, err := ParsePrivateData(pc.qp.PeerPrivateData())
+	if !ok || err != nil {
+		t.Fatalf("requester private data: %v %v", ok, err)
+	}
+	m := pc.recvCall()
+	// A reply of exactly the announced receive size, transport header
+	// included.
+	h := pc.replyHeader(m)
+	var e xdr.Encoder
+	h.Append(&e)
+	pad := priv.InlineRecv - e.Len() - len(rpcReply(m.RPCXID)) - 4
+	if pad < 0 {
+		t.Fatalf("announced receive size %d", priv.InlineRecv)
+	}
+	var res xdr.Encoder
+	res.Opaque(make([]byte, pad))
+	pc.replyWith(m, h, res.Bytes()[:4+pad])
+	r := fp.wait(ch)
+	if r.err != nil {
+		t.Fatalf("a %d-byte reply, the receive size the requester announced: %v", priv.InlineRecv, r.err)
+	}
+	r.rep.Release()
+	if st := tr.Stats(); st.InlineRecv < priv.InlineRecv {
+		t.Fatalf("receive buffers of %d bytes, %d announced", st.InlineRecv, priv.InlineRecv)
 	}
 }
