@@ -240,6 +240,26 @@ func TestConformanceUnusedWriteChunk(t *testing.T) {
 	}
 }
 
+// TestConformanceWriteListOmitted: a reply that leaves out the Write list
+// the call offered breaks RFC 8166 s4.3.2 (a Write chunk offered is
+// returned, used or unused); whatever it carries inline, it counts as a
+// reply whose chunk placed nothing (BulkPlaced, BulkLen 0), as for an
+// unused chunk, so a READ whose count claims data is an I/O error in the
+// upper layer (nfsclient.TestReadCountBeyondPlaced) rather than data
+// taken from where the call did not ask for it (RFC 8166 s6.1: an
+// eligible result returned inline despite a usable Write chunk ends the
+// RPC with a permanent error).
+func TestConformanceWriteListOmitted(t *testing.T) {
+	c, _ := confConn(t, Config{}, negV1, 1024)
+	r := confPend(c, 0x89, false)
+	r.call.ReplyBulk = make([]byte, 1001)
+	r.writeOff = []Segment{{Handle: 0x4401, Length: 1001, Offset: 0}}
+	c.receive(0, confMsg(Header{XID: 0x89, Vers: Version1, Credit: 4, Proc: ProcMsg}, true), 0, false)
+	if rep := confDelivered(t, r); !rep.BulkPlaced || rep.BulkLen != 0 {
+		t.Fatalf("Write list omitted: placed %v, %d bytes; want placed, 0 bytes", rep.BulkPlaced, rep.BulkLen)
+	}
+}
+
 // TestConformanceUpdXchXID: RDMA_OPTIONAL messages are handled by
 // opttype before any XID lookup: an UPDXCH, an INITXCH or an unexpected
 // RESPXCH carrying the XID of a pending call leave that call alone

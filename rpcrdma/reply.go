@@ -354,6 +354,11 @@ func (r *req) parseReply(h *Header, payload []byte, lent func()) (*oncrpc.Reply,
 	}
 	r.tr.stats.countChunks(r.kinds, placed)
 	rep := oncrpc.NewReply(msg, release)
-	rep.BulkPlaced, rep.BulkLen = len(h.Writes) == 1, placed
+	// A Write chunk offered is returned, used or unused (RFC 8166
+	// s4.3.2): a reply that leaves the Write list out placed nothing in
+	// it, and counts as such (s6.1: a result returned inline despite a
+	// usable Write chunk is an error, which the upper layer's count
+	// check makes of it).
+	rep.BulkPlaced, rep.BulkLen = len(h.Writes) == 1 || len(r.writeOff) > 0, placed
 	return rep, nil
 }
