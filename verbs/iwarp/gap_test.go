@@ -151,7 +151,7 @@ func FuzzUntaggedReassembly(f *testing.F) {
 				cur, mo, msn = nil, 0, msn+1
 			}
 		}
-		q := &QP{br: bufio.NewReader(bytes.NewReader(wire)), pd: verbs.NewProtectionDomain(), ird: 1,
+		q := &QP{br: bufio.NewReader(bytes.NewReader(wire)), pd: TableOf(verbs.NewProtectionDomain()), ird: 1,
 			scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
 		q.cond.L = &q.mu
 		bufs := make([][]byte, nbufs)
