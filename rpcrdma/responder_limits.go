@@ -67,13 +67,6 @@ func (b *connBudget) release(n int64) {
 	b.mu.Unlock()
 }
 
-// inUse returns the bytes held.
-func (b *connBudget) inUse() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.used
-}
-
 // getBuf returns n bytes of registered memory from the connection's
 // share, waiting while the share or the slab is used up, until the
 // connection ends. With zero set its bytes are cleared, for a buffer the
