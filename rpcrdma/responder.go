@@ -195,7 +195,7 @@ type connSetup struct {
 func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	ctx, cancel := context.WithTimeout(context.Background(), setupWait)
 	defer cancel()
-	cs := &connSetup{bufs: make([][]byte, 0, s.cfg.Credits+4), mem: newConnBudget(s.cfg.ConnMemory)}
+	cs := &connSetup{bufs: make([][]byte, 0, s.cfg.Credits+4), mem: newConnBudget(s.cfg.ConnMemory / 2)}
 	fail := func(err error) error {
 		for _, b := range cs.bufs {
 			_ = s.pool.Put(b)
@@ -261,7 +261,7 @@ func (s *Responder) acceptLoop() {
 			continue
 		}
 		cs := v.(*connSetup)
-		c := &serverConn{s: s, qp: qp, recvBufs: cs.bufs, mem: cs.mem, slots: make(chan struct{}, s.cfg.Credits),
+		c := &serverConn{s: s, qp: qp, recvBufs: cs.bufs, mem: cs.mem, out: newConnBudget(s.cfg.ConnMemory / 2), slots: make(chan struct{}, s.cfg.Credits),
 			privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
 			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars}
 		c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -292,8 +292,13 @@ type serverConn struct {
 	// ctx ends with the connection: waits for memory end with it.
 	ctx    context.Context
 	cancel context.CancelFunc
-	mem    *connBudget   // the connection's share of registered memory
-	slots  chan struct{} // one per call in progress, at most the grant
+	// The connection's share of registered memory, in two halves:
+	// buffers the peer fills (receives, RDMA Read sinks) and buffers
+	// we send from (Sends, RDMA Write sources). A call holds its
+	// sink while its reply waits for a source; with one budget, calls
+	// holding all of it would wait for each other forever.
+	mem, out *connBudget
+	slots    chan struct{} // one per call in progress, at most the grant
 
 	mu        sync.Mutex // guards the version-2 state below
 	vers      uint32     // 0 until the first call, then its version
@@ -331,7 +336,7 @@ func (c *serverConn) serve() {
 		cancel()
 		<-sendDone
 		for _, b := range bufs {
-			c.putBuf(b)
+			c.putBuf(b, true)
 		}
 	}()
 	var wc [16]verbs.Completion
@@ -421,6 +426,7 @@ func (c *serverConn) postSend(op verbs.Opcode, invalidate uint32, pieces ...[]by
 // reused: the queue pair no longer touches it.
 type wrDone struct {
 	buf    []byte
+	in     bool // buf is the sink of an RDMA Read (see getBuf)
 	copyTo []byte
 	ch     chan<- verbs.Completion
 	ref    *replyRef
@@ -440,7 +446,7 @@ func (d wrDone) run(c *serverConn, w verbs.Completion) {
 // (it could not be posted) or after one.
 func (d wrDone) release(c *serverConn) {
 	if d.buf != nil {
-		c.putBuf(d.buf)
+		c.putBuf(d.buf, d.in)
 	}
 	if d.ref != nil {
 		d.ref.drop()

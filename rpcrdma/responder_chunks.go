@@ -63,7 +63,7 @@ func (c *serverConn) pullReadChunks(h *Header, inline []byte) (call []byte, rele
 		if err != nil {
 			return nil, nil, err
 		}
-		buf, put = b[:size], func() { c.putBuf(b) }
+		buf, put = b[:size], func() { c.putBuf(b, true) }
 	} else {
 		bp := getCallBuf(size)
 		buf, put = *bp, func() { putCallBuf(bp) }
@@ -158,7 +158,7 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 				if gerr != nil {
 					return gerr
 				}
-				err = c.post(wr, buf, int(n), wrDone{copyTo: p.dst, ch: p.ch})
+				err = c.post(wr, buf, int(n), wrDone{copyTo: p.dst, ch: p.ch, in: true})
 			}
 			if err != nil {
 				return fmt.Errorf("RDMA Read: %w", err)

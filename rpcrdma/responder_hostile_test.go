@@ -293,3 +293,30 @@ func TestHostileResponderReadDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestResponderShareNoDeadlock: an honest requester whose calls in
+// progress fill the inbound half of its share with their Read chunks
+// (8 calls of 3 MiB on a 16 MiB share) still gets every reply through
+// RDMA Writes from the outbound half: a call holding its Read sink while
+// its reply waits for memory never waits on another such call (nor
+// until a timeout breaks the connection: one connection throughout).
+func TestResponderShareNoDeadlock(t *testing.T) {
+	env := newEnv(t, Version1, ResponderConfig{Credits: 8, ConnMemory: 16 << 20}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 3<<20 + i
+			if err := env.echo(ctx, pattern(n), make([]byte, n)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if st := env.tr.Stats(); st.Connects != 1 {
+		t.Fatalf("%d connections: calls waited for each other until a timeout broke the connection", st.Connects)
+	}
+}

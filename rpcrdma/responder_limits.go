@@ -69,13 +69,17 @@ func (b *connBudget) release(n int64) {
 
 // getBuf returns n bytes of registered memory from the connection's
 // share, waiting while the share or the slab is used up, until the
-// connection ends. With zero set its bytes are cleared, for a buffer the
-// peer fills (a receive buffer, an RDMA Read sink): whatever an earlier
-// call, of this connection or another one, left in it can never pass for
-// this call's. A buffer we fill ourselves before it goes out (a Send, an
-// RDMA Write source) needs no clearing.
-func (c *serverConn) getBuf(n int, zero bool) ([]byte, error) {
-	return c.s.getBuf(c.ctx, c.mem, n, zero)
+// connection ends. in is set for a buffer the peer fills (a receive
+// buffer, an RDMA Read sink): it comes from the inbound half and its
+// bytes are cleared, so whatever an earlier call, of this connection or
+// another one, left in it can never pass for this call's. A buffer we
+// fill ourselves before it goes out (a Send, an RDMA Write source) comes
+// from the outbound half and needs no clearing.
+func (c *serverConn) getBuf(n int, in bool) ([]byte, error) {
+	if in {
+		return c.s.getBuf(c.ctx, c.mem, n, true)
+	}
+	return c.s.getBuf(c.ctx, c.out, n, false)
 }
 
 func (s *Responder) getBuf(ctx context.Context, mem *connBudget, n int, zero bool) ([]byte, error) {
@@ -94,10 +98,14 @@ func (s *Responder) getBuf(ctx context.Context, mem *connBudget, n int, zero boo
 	return b, nil
 }
 
-// putBuf gives back a buffer getBuf returned.
-func (c *serverConn) putBuf(b []byte) {
+// putBuf gives back a buffer getBuf returned with the same in.
+func (c *serverConn) putBuf(b []byte, in bool) {
 	_ = c.s.pool.Put(b)
-	c.mem.release(int64(cap(b)))
+	if in {
+		c.mem.release(int64(cap(b)))
+	} else {
+		c.out.release(int64(cap(b)))
+	}
 }
 
 // enter takes one of the connection's call slots for a message that

@@ -55,7 +55,7 @@ func (c *serverConn) nextRecvBuf(old []byte) []byte {
 	if err != nil {
 		return old
 	}
-	c.putBuf(old)
+	c.putBuf(old, true)
 	return b
 }
 
