@@ -408,7 +408,7 @@ func (c *serverConn) postSend(op verbs.Opcode, invalidate uint32, pieces ...[]by
 	for _, p := range pieces {
 		n += len(p)
 	}
-	buf, err := c.getBuf(n, false)
+	buf, err := c.getBuf(n, false, false)
 	if err != nil {
 		return err
 	}

@@ -59,7 +59,7 @@ func (c *serverConn) pullReadChunks(h *Header, inline []byte) (call []byte, rele
 	var buf []byte
 	var put func()
 	if size <= mrcache.ChunkSize {
-		b, err := c.getBuf(size, true)
+		b, err := c.getBuf(size, true, false)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -154,7 +154,7 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 				// Straight into the registered call buffer.
 				err = c.postSGE(wr, sge, wrDone{ch: p.ch})
 			} else {
-				buf, gerr := c.getBuf(int(n), true)
+				buf, gerr := c.getBuf(int(n), true, false)
 				if gerr != nil {
 					return gerr
 				}
@@ -199,7 +199,7 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref 
 				done += k
 				continue
 			}
-			buf, err := c.getBuf(k, false)
+			buf, err := c.getBuf(k, false, false)
 			if err != nil {
 				return fmt.Errorf("RDMA Write: %w", err)
 			}

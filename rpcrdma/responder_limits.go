@@ -69,17 +69,23 @@ func (b *connBudget) release(n int64) {
 
 // getBuf returns n bytes of registered memory from the connection's
 // share, waiting while the share or the slab is used up, until the
-// connection ends. in is set for a buffer the peer fills (a receive
-// buffer, an RDMA Read sink): it comes from the inbound half and its
-// bytes are cleared, so whatever an earlier call, of this connection or
-// another one, left in it can never pass for this call's. A buffer we
-// fill ourselves before it goes out (a Send, an RDMA Write source) comes
-// from the outbound half and needs no clearing.
-func (c *serverConn) getBuf(n int, in bool) ([]byte, error) {
+// connection ends: from the inbound half (in) for a buffer the peer fills
+// (a receive buffer, an RDMA Read sink), else from the outbound half (a
+// Send, an RDMA Write source).
+//
+// Stale bytes: a receive buffer is cleared (zero), as a Send may place
+// fewer bytes than the buffer holds and the length the provider reports
+// is all that is handed up, but whatever an earlier connection left in it
+// must never pass for this one's. An RDMA Read sink is not: a Read
+// completes successfully only once every byte of it is placed (RFC 5040
+// s5.2: the Read Response's last segment ends exactly at its size), and
+// the call rebuilt around it is written whole (inline parts, the Read,
+// the padding). What we send from, we fill ourselves.
+func (c *serverConn) getBuf(n int, in, zero bool) ([]byte, error) {
 	if in {
-		return c.s.getBuf(c.ctx, c.mem, n, true)
+		return c.s.getBuf(c.ctx, c.mem, n, zero)
 	}
-	return c.s.getBuf(c.ctx, c.out, n, false)
+	return c.s.getBuf(c.ctx, c.out, n, zero)
 }
 
 func (s *Responder) getBuf(ctx context.Context, mem *connBudget, n int, zero bool) ([]byte, error) {

@@ -51,7 +51,7 @@ func (c *serverConn) nextRecvBuf(old []byte) []byte {
 		c.recvSize, c.growTo = size, 0
 		go c.sendOptional(OptUpdXch, UpdXch{Now: Uint32Val(XCharRBSize, uint32(size)), PendClr: true}.Marshal(), 0)
 	}
-	b, err := c.getBuf(size, true)
+	b, err := c.getBuf(size, true, true)
 	if err != nil {
 		return old
 	}
