@@ -199,17 +199,25 @@ func queuedConn(t testing.TB, stream []byte) net.Conn {
 		t.Fatal(err)
 	}
 	ctx := testCtx(t)
-	// On loopback the stream is usually queued by the time the writer
-	// has written it: look first, then yield and look again, sleeping
-	// only when that does not do (a sleep of a millisecond per stream
-	// was most of FuzzSocketReadResponse's time).
+	// Every byte and the end of the stream (the FIN: the socket is in
+	// CLOSE_WAIT) must have arrived, or the receiver makes one more
+	// system call to wait for them. On loopback that is usually so by
+	// the time the writer is done: look first, then yield and look
+	// again, sleeping only when that does not do (a sleep of a
+	// millisecond per stream was most of FuzzSocketReadResponse's time).
 	for queued, tries := 0, 0; ; tries++ {
-		_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		if queued >= len(stream) {
+		var state uint8
+		_ = raw.Control(func(fd uintptr) {
+			queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				state = info.State
+			}
+		})
+		if queued >= len(stream) && state == tcpCloseWait {
 			return rd
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("%d of %d stream bytes arrived", queued, len(stream))
+			t.Fatalf("%d of %d stream bytes arrived (TCP state %d)", queued, len(stream), state)
 		}
 		if tries < 100 {
 			runtime.Gosched()
@@ -218,6 +226,10 @@ func queuedConn(t testing.TB, stream []byte) net.Conn {
 		}
 	}
 }
+
+// tcpCloseWait is the TCP_INFO state of a socket that has received the
+// peer's FIN (Linux include/net/tcp_states.h).
+const tcpCloseWait = 8
 
 // queuedUnixConn is queuedConn on a Unix stream socket pair: the whole
 // stream is in the receiving socket once the write returns.
