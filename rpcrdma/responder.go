@@ -313,6 +313,7 @@ type serverConn struct {
 	wr       atomic.Uint64
 	doneMu   sync.Mutex
 	onDone   map[uint64]wrDone // by WRID, run by sendLoop; guarded by doneMu
+	ended    bool              // the queue pair is closed and its completions run; guarded by doneMu
 }
 
 func (c *serverConn) tracef(format string, args ...any) {
@@ -335,6 +336,18 @@ func (c *serverConn) serve() {
 		c.qp.Close()
 		cancel()
 		<-sendDone
+		// Work requests posted as the queue pair closed may have no
+		// completion the send loop saw: the queue pair, closed, no
+		// longer touches their memory, and nothing is posted from now
+		// on (postSGE), so what they held goes back here.
+		c.doneMu.Lock()
+		c.ended = true
+		left := c.onDone
+		c.onDone = nil
+		c.doneMu.Unlock()
+		for _, d := range left {
+			d.release(c)
+		}
 		for _, b := range bufs {
 			c.putBuf(b, true)
 		}
@@ -476,6 +489,11 @@ func (c *serverConn) post(wr verbs.SendWR, buf []byte, n int, d wrDone) error {
 func (c *serverConn) postSGE(wr verbs.SendWR, sge verbs.SGE, d wrDone) error {
 	wr.SGL = []verbs.SGE{sge}
 	c.doneMu.Lock()
+	if c.ended {
+		c.doneMu.Unlock()
+		d.release(c)
+		return fmt.Errorf("rpcrdma: responder: post %v: %w", wr.Opcode, verbs.ErrClosed)
+	}
 	if c.onDone == nil {
 		c.onDone = make(map[uint64]wrDone)
 	}
