@@ -125,6 +125,10 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 	if cfg.ConnMemory <= 0 {
 		cfg.ConnMemory = cfg.Memory / defaultShareDiv
 	}
+	// Each half of the share (responder_limits.go) holds at least the
+	// largest buffer asked of it at once beside the receive buffers: a
+	// call rebuilt in one slab chunk, or a wait for it could never end.
+	cfg.ConnMemory = max(cfg.ConnMemory, 2*(mrcache.ChunkSize+int64(cfg.Credits+4)*int64(cfg.MaxRecv)))
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = defaultReadTimeout
 	}
