@@ -53,7 +53,7 @@ type rawRequester struct {
 // receive buffers posted for nrecv replies.
 func dialRaw(t *testing.T, ctx context.Context, addr string, nrecv int) *rawRequester {
 	t.Helper()
-	r := &rawRequester{t: t, pd: verbs.NewProtectionDomain()}
+	r := &rawRequester{t: t, pd: iwarp.NewProtectionDomain()}
 	pv := &iwarp.Provider{DialConn: func(ctx context.Context, addr string) (net.Conn, error) {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", addr)

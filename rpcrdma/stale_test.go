@@ -25,7 +25,7 @@ import (
 // The rdma-core provider's path (through its hooks, and in the guest)
 // is checked by the verbs/ibverbs tests.
 
-const staleMarker = 0xee
+const slabMarker = 0xee
 
 // No RPC header word of these calls and replies (XIDs, program,
 // lengths) holds the marker byte either, so one marker byte anywhere is
@@ -36,7 +36,7 @@ func noMarker(n int, seed byte) []byte {
 	b := make([]byte, n)
 	for i := range b {
 		v := byte(i*7+i>>8) + seed
-		if v == staleMarker {
+		if v == slabMarker {
 			v++
 		}
 		b[i] = v
@@ -44,10 +44,10 @@ func noMarker(n int, seed byte) []byte {
 	return b
 }
 
-// fillSlab takes n bytes of p in chunk-sized buffers, fills them with the
+// fillSlabByte takes n bytes of p in chunk-sized buffers, fills them with the
 // marker and gives them back: the memory every later buffer is cut from
 // holds the marker.
-func fillSlab(t *testing.T, p *mrcache.Pool, n int) {
+func fillSlabByte(t *testing.T, p *mrcache.Pool, n int) {
 	t.Helper()
 	var held [][]byte
 	for got := 0; got < n; got += mrcache.ChunkSize {
@@ -55,7 +55,7 @@ func fillSlab(t *testing.T, p *mrcache.Pool, n int) {
 		if err != nil {
 			break
 		}
-		fill(b, staleMarker)
+		fill(b, slabMarker)
 		held = append(held, b)
 	}
 	if len(held) == 0 {
@@ -77,7 +77,7 @@ type markerHandler struct {
 }
 
 func (h markerHandler) HandleCall(msg []byte) []byte {
-	if i := bytes.IndexByte(msg, staleMarker); i >= 0 {
+	if i := bytes.IndexByte(msg, slabMarker); i >= 0 {
 		h.mu.Lock()
 		*h.stale = append(*h.stale, fmt.Sprintf("a %d-byte call holds the marker at %d", len(msg), i))
 		h.mu.Unlock()
@@ -93,8 +93,8 @@ func TestNoStaleBytes(t *testing.T) {
 		// Most of each slab: the pools grow into memory that holds
 		// the marker, for every buffer kind (receive, send, Reply
 		// chunk, bounce, Read sink).
-		fillSlab(t, env.resp.Buffers(), 64<<20)
-		fillSlab(t, env.tr.Buffers(), 64<<20)
+		fillSlabByte(t, env.resp.Buffers(), 64<<20)
+		fillSlabByte(t, env.tr.Buffers(), 64<<20)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		regDest, err := env.tr.Buffers().Get(1 << 20)
@@ -117,7 +117,7 @@ func TestNoStaleBytes(t *testing.T) {
 					maxReply += n
 				} else {
 					dest = dest[:n]
-					fill(dest, staleMarker)
+					fill(dest, slabMarker)
 				}
 				return &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, ReplyBulk: dest, MaxReplySize: maxReply}, data
 			}
@@ -145,7 +145,7 @@ func TestNoStaleBytes(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: %v", c.name, err)
 				}
-				if j := bytes.IndexByte(rep.Msg, staleMarker); j >= 0 {
+				if j := bytes.IndexByte(rep.Msg, slabMarker); j >= 0 {
 					t.Fatalf("%s: the %d-byte reply holds the marker at %d", c.name, len(rep.Msg), j)
 				}
 				d := xdr.NewDecoder(rep.Results)
@@ -165,7 +165,7 @@ func TestNoStaleBytes(t *testing.T) {
 					got = d.Opaque(len(want))
 				}
 				if want != nil && !bytes.Equal(got, want) {
-					t.Fatalf("%s: %d bytes back, %d sent, different (marker at %d)", c.name, len(got), len(want), bytes.IndexByte(got, staleMarker))
+					t.Fatalf("%s: %d bytes back, %d sent, different (marker at %d)", c.name, len(got), len(want), bytes.IndexByte(got, slabMarker))
 				}
 				rep.Release()
 			}

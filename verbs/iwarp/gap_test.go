@@ -52,7 +52,7 @@ func TestHostileGappedSend(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			pd := verbs.NewProtectionDomain()
+			pd := NewProtectionDomain()
 			buf := bytes.Repeat([]byte{staleMarker}, 4096)
 			qp, peer := newScriptPeer(t, &verbs.ConnParams{PD: pd, Setup: func(qp verbs.QueuePair) error {
 				return postRecv(qp, 7, buf)
@@ -151,7 +151,7 @@ func FuzzUntaggedReassembly(f *testing.F) {
 				cur, mo, msn = nil, 0, msn+1
 			}
 		}
-		q := &QP{br: bufio.NewReader(bytes.NewReader(wire)), pd: TableOf(verbs.NewProtectionDomain()), ird: 1,
+		q := &QP{br: bufio.NewReader(bytes.NewReader(wire)), pd: TableOf(NewProtectionDomain()), ird: 1,
 			scq: verbs.NewSoftCQ(), rcq: verbs.NewSoftCQ(), irq: make(chan readRequest, 1)}
 		q.cond.L = &q.mu
 		bufs := make([][]byte, nbufs)
