@@ -57,3 +57,27 @@ func (f *FS) recall(ctx context.Context, fh []byte) {
 	n.NotifyContent(0, 0) // the kernel drops cached pages and attributes
 	f.trace("RECALL ino=%d flush errno=%d: caches dropped", n.StableAttr().Ino, errno)
 }
+
+// returnDelegationBeforeRemove gives back the delegation held on the
+// file that name names in directory n when REMOVE is about to take its
+// last link. A delegation keeps the server's file alive, and so the
+// space of a removed file, until it is returned; Linux's client returns
+// it first in nfs4_proc_remove when i_nlink is 1. With more links the
+// file lives on and the delegation stays.
+func (n *node) returnDelegationBeforeRemove(name string) {
+	ch := n.GetChild(name)
+	if ch == nil {
+		return
+	}
+	c, ok := ch.Operations().(*node)
+	if !ok || !c.delegated() {
+		return
+	}
+	c.mu.Lock()
+	links := c.attr.NLink
+	c.mu.Unlock()
+	if links > 1 {
+		return
+	}
+	n.fsys.c.ReturnDelegation(c.handle())
+}

@@ -416,6 +416,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	ctx = uninterrupted(ctx)
+	n.returnDelegationBeforeRemove(name)
 	ch := n.beginChange()
 	defer n.endChange()
 	dc, err := n.fsys.c.Remove(ctx, n.fsys.cred(ctx), n.handle(), name)

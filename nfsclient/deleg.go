@@ -105,6 +105,26 @@ func (s *callbackServer) recall(sid StateID, fh []byte) Status {
 	return StatusOK
 }
 
+// ReturnDelegation gives back the delegation held on fh, if any, the way
+// a recall would (the recall handler runs first), and waits for the
+// DELEGRETURN. The FUSE layer calls it before removing a file's last
+// link: a delegation keeps the server's file alive, and with it the
+// space of a removed file, until it is returned (Linux nfs4_proc_remove
+// returns the delegation when i_nlink is 1).
+func (c *Client) ReturnDelegation(fh []byte) {
+	s := c.cb
+	s.mu.Lock()
+	d := s.delegs.byFH[string(fh)]
+	if d == nil || d.recalled {
+		s.mu.Unlock()
+		return
+	}
+	d.recalled = true
+	h := s.onRecall
+	s.mu.Unlock()
+	s.returnDeleg(d, h)
+}
+
 // recallAll serves CB_RECALL_ANY by returning every delegation
 // (RFC 8881 s20.6 lets the client keep some; it keeps none).
 func (s *callbackServer) recallAll() {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,6 +243,51 @@ func TestNoSpaceReported(t *testing.T) {
 			t.Errorf("writing 400 MiB into a 256 MiB export: %v %q", err, out)
 		}
 		t.Logf("%s", strings.TrimSpace(string(out)))
+	})
+}
+
+// TestRemoveFreesSpace removes a file the mount holds a delegation on:
+// its space must come back at once, not at unmount. A delegation keeps
+// the server's file alive until it is returned, so the client returns it
+// before REMOVE takes the last link, as Linux's client does
+// (nfs4_proc_remove). knfsd's export is a small ext4, where the space
+// shows.
+func TestRemoveFreesSpace(t *testing.T) {
+	forEachKnfsd(t, false, func(t *testing.T, p peer) {
+		mnt := mount(t, p)
+		d := testDir(t, mnt)
+		defer os.RemoveAll(d)
+		free := func() int64 {
+			var st syscall.Statfs_t
+			err := syscall.Statfs(mnt, &st)
+			for err == syscall.EINTR { // the Go runtime's preemption signal
+				err = syscall.Statfs(mnt, &st)
+			}
+			if err != nil {
+				t.Fatalf("statfs: %v", err)
+			}
+			return int64(st.Bavail) * st.Bsize
+		}
+		before := free()
+		f := filepath.Join(d, "f")
+		// The read after the write opens the file again: knfsd hands out
+		// a read delegation on that open.
+		sh(t, 5*time.Minute, "head -c 48M /dev/zero > "+f+" && cat "+f+" > /dev/null && cat "+f+" > /dev/null")
+		if used := before - free(); used < 40<<20 {
+			t.Fatalf("writing 48 MiB used only %d bytes of the export", used)
+		}
+		sh(t, time.Minute, "rm "+f)
+		// The server frees the blocks when it drops its last reference;
+		// give it a few seconds, far less than the lease.
+		var left int64
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if left = before - free(); left < 8<<20 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if left >= 8<<20 {
+			t.Errorf("after rm, %d MiB of the removed file's space still in use (delegation not returned?)", left>>20)
+		}
 	})
 }
 
