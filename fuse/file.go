@@ -94,9 +94,6 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if n.StableAttr().Mode != syscall.S_IFREG {
 		return nil, 0, syscall.EINVAL
 	}
-	if n.fsys.opts.ReadOnly && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		return nil, 0, syscall.EROFS
-	}
 	n.fsys.Stats.Opens.Add(1)
 	cred := n.fsys.cred(ctx)
 	access := shareAccess(flags)
