@@ -82,7 +82,13 @@ func (n *node) openFlags(change uint64, flags uint32) uint32 {
 	if keep {
 		out |= gofuse.FOPEN_KEEP_CACHE
 	}
-	if flags&syscall.O_DIRECT != 0 {
+	// O_DIRECT I/O goes straight to the server (FOPEN_DIRECT_IO). The
+	// kernel refuses to map such a file (ENODEV) unless the mount has
+	// FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6); before that, the file is
+	// opened without it: the kernel then does O_DIRECT I/O itself
+	// (fuse_direct_IO), bypassing its page cache all the same, and the
+	// file can be mapped.
+	if flags&syscall.O_DIRECT != 0 && n.fsys.directIOMmap {
 		out |= gofuse.FOPEN_DIRECT_IO
 	}
 	return out

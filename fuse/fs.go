@@ -150,6 +150,9 @@ type FS struct {
 	writeFlags  sync.Map // WRITE in progress -> FUSE_WRITE_KILL_SUIDGID (rawhooks.go)
 	locks       lockTable
 	nameMax     int // longest name the server takes (names.go)
+	// directIOMmap: the kernel maps files opened with FOPEN_DIRECT_IO
+	// (FUSE_DIRECT_IO_ALLOW_MMAP); set once at INIT.
+	directIOMmap bool
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
@@ -208,7 +211,11 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		RememberInodes: false,
 		// The kernel leaves clearing set-user-ID bits on write to us
 		// (killpriv.go) instead of a SETATTR the server refuses.
-		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2,
+		//
+		// A file opened with O_DIRECT may be mapped too (fsx, databases
+		// mix both): FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6) lets the
+		// kernel map a FOPEN_DIRECT_IO file (see openFlags).
+		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2 | gofuse.CAP_DIRECT_IO_ALLOW_MMAP,
 	}
 	// The server checks every request against the caller's AUTH_SYS
 	// uid, gid and groups. The kernel checks too (default_permissions),
