@@ -557,6 +557,7 @@ func (h *file) writeStable(ctx context.Context, data []byte, off uint64) error {
 // the attributes fresh before close returns (close-to-open).
 func (h *file) Flush(ctx context.Context) syscall.Errno {
 	owner, hasOwner := h.n.fsys.flushOwner(ctx)
+	req := ctx // the FLUSH request's, which the hooks know
 	ctx = uninterrupted(ctx)
 	h.n.fsys.Stats.Flushes.Add(1)
 	h.mu.Lock()
@@ -573,6 +574,11 @@ func (h *file) Flush(ctx context.Context) syscall.Errno {
 		if errno := h.flushLocks(ctx, owner); errno != 0 {
 			return errno
 		}
+	}
+	if h.holdsLocks() {
+		// OFD or flock locks, or another process's POSIX locks: they
+		// go at RELEASE, if this was the last close (rawhooks.go).
+		h.n.fsys.setFlushHolding(req)
 	}
 	if wasDirty {
 		// Our own writes changed the change attribute: remember the
