@@ -148,6 +148,7 @@ func TestVFSOptions(t *testing.T) {
 		mnt, sb []string // expected in /proc/self/mountinfo
 		notMnt  []string
 	}{
+		{opts: "noatime", mnt: []string{"noatime"}, notMnt: []string{"relatime"}},
 		{opts: "noatime,nodiratime", mnt: []string{"noatime", "nodiratime"}, notMnt: []string{"relatime"}},
 		{opts: "strictatime", notMnt: []string{"relatime", "noatime"}},
 		{opts: "lazytime", sb: []string{"lazytime"}},
@@ -269,5 +270,38 @@ func TestRemount(t *testing.T) {
 	cmd.Args[0] = "mount.fuse.rdmafs"
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "/proc is not an rdmafs mount (proc)") {
 		t.Errorf("remount of a plain directory: %v: %s", err, out)
+	}
+}
+
+// TestNoatimeSendsNoAtime checks that reading and running files of a
+// noatime mount send no SETATTR: like the kernel NFS client, which marks
+// its inodes S_NOATIME and leaves atime to the server, rdmafs never
+// sets an access time the application did not set (the kernel FUSE side
+// does not either). The server still updates atime when it serves a
+// READ, as for a kernel NFS mount (xfstests generic/120 is skipped on
+// NFS for that reason).
+func TestNoatimeSendsNoAtime(t *testing.T) {
+	p := ganeshaPeer(t)
+	mnt := mount(t, p, "noatime")
+	d := testDir(t, mnt)
+	defer os.RemoveAll(d)
+	prog := filepath.Join(d, "prog.sh")
+	if err := os.WriteFile(prog, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before := opCount(t, mnt, "SETATTR")
+	for range 3 {
+		if _, err := os.ReadFile(prog); err != nil {
+			t.Fatal(err)
+		}
+		if err := exec.Command(prog).Run(); err != nil {
+			t.Fatalf("run %s: %v", prog, err)
+		}
+		if _, err := os.ReadDir(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := opCount(t, mnt, "SETATTR") - before; n != 0 {
+		t.Errorf("reading, running and listing on a noatime mount sent %d SETATTRs, want none", n)
 	}
 }
