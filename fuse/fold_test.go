@@ -19,7 +19,10 @@ import (
 // utimes reports the write's error and leaves the mtime alone, and the
 // error is the file's, reported again at close. The write fails with
 // NFS4ERR_FBIG at an offset beyond what ganesha's file system takes (ext4
-// stops at 16 TiB).
+// stops at 2^32-1 blocks, 16 TiB less a block): the file is first
+// truncated to that size, so the write starts at its end and is buffered
+// (a write that starts past the end goes to the server at once, so that
+// this error would be its own: TestWriteTooFar in cmd/rdmafs).
 func TestSetattrAfterFailedWrite(t *testing.T) {
 	g := testpeer.RequireGanesha(t)
 	p := peer{name: "ganesha", addr: g.Addr, export: g.Export, limitsOf: "ganesha"}
@@ -31,7 +34,14 @@ func TestSetattrAfterFailedWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	const off = 17 << 40
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(g.Dir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	off := (1<<32 - 1) * sfs.Bsize // ext4's s_maxbytes
+	if err := f.Truncate(off); err != nil {
+		t.Fatalf("truncate to %d, the export's largest file on ext4: %v", off, err)
+	}
 	if _, err := f.WriteAt([]byte("beyond"), off); err != nil {
 		t.Fatalf("buffered write at %d: %v", off, err)
 	}
@@ -53,7 +63,7 @@ func TestSetattrAfterFailedWrite(t *testing.T) {
 	if err := unix.Stat(filepath.Join(g.Dir, filepath.Base(top), "fbig"), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Mtim.Sec == mtime.Unix() || st.Size != 0 {
+	if st.Mtim.Sec == mtime.Unix() || st.Size != off {
 		t.Errorf("on the server: mtime %d size %d: the SETATTR ran after the failed WRITE, or the WRITE was done", st.Mtim.Sec, st.Size)
 	}
 	if err := f.Close(); !errors.Is(err, syscall.EFBIG) {

@@ -49,6 +49,12 @@ type Options struct {
 	NoAC               bool
 	// ReadOnly mounts read-only (ro).
 	ReadOnly bool
+	// MountFlags are mount(2)'s MS_* flags of the kernel mount: nosuid,
+	// nodev, noexec, noatime, sync, ... (ReadOnly adds MS_RDONLY). Zero
+	// is mount(8)'s default for root: suid, dev, exec, relatime. A mount
+	// by an ordinary user goes through fusermount3, which adds MS_NOSUID
+	// and MS_NODEV and can set only some flags (userMountOptions).
+	MountFlags uintptr
 	// AllowOther lets users other than the mounting one use the mount.
 	AllowOther bool
 	// MaxIO is the largest FUSE READ and WRITE (MaxWrite, max_read); zero
@@ -141,9 +147,15 @@ type FS struct {
 	closed  *sync.Cond // signalled when closing drops
 
 	flushOwners sync.Map // FLUSH in progress -> its lock owner (rawhooks.go)
-	writeFlags  sync.Map // WRITE in progress -> FUSE_WRITE_KILL_SUIDGID (rawhooks.go)
-	locks       lockTable
-	nameMax     int // longest name the server takes (names.go)
+	// flushHolding: FLUSH in progress -> the file still holds locks
+	// after it (rawhooks.go releaseWait).
+	flushHolding sync.Map
+	writeFlags   sync.Map // WRITE in progress -> FUSE_WRITE_KILL_SUIDGID (rawhooks.go)
+	locks        lockTable
+	nameMax      int // longest name the server takes (names.go)
+	// directIOMmap: the kernel maps files opened with FOPEN_DIRECT_IO
+	// (FUSE_DIRECT_IO_ALLOW_MMAP); set once at INIT.
+	directIOMmap bool
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
@@ -198,12 +210,15 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		Debug:          opts.Debug,
 		DisableSplice:  true, // replies are in memory already; a pipe adds a copy
 		MaxBackground:  64,
-		DirectMount:    true,
 		EnableLocks:    true, // fcntl and flock locks go to the server (lock.go)
 		RememberInodes: false,
 		// The kernel leaves clearing set-user-ID bits on write to us
 		// (killpriv.go) instead of a SETATTR the server refuses.
-		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2,
+		//
+		// A file opened with O_DIRECT may be mapped too (fsx, databases
+		// mix both): FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6) lets the
+		// kernel map a FOPEN_DIRECT_IO file (see openFlags).
+		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2 | gofuse.CAP_DIRECT_IO_ALLOW_MMAP,
 	}
 	// The server checks every request against the caller's AUTH_SYS
 	// uid, gid and groups. The kernel checks too (default_permissions),
@@ -212,8 +227,26 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 	// path walk could pass a directory the caller may not enter, which
 	// the kernel NFS client prevents with ACCESS on each walk.
 	mo.Options = append(mo.Options, "default_permissions")
+	flags := opts.MountFlags
 	if opts.ReadOnly {
-		mo.Options = append(mo.Options, "ro")
+		flags |= unix.MS_RDONLY
+	}
+	if os.Geteuid() == 0 {
+		// mount(2) itself, with the flags as given. No flags at all
+		// are spelled MS_MGC_VAL, which the kernel drops, or go-fuse
+		// would mount nosuid,nodev; with flags it must not be there
+		// (it takes the bits of strictatime and lazytime).
+		mo.DirectMountStrict = true
+		mo.DirectMountFlags = flags
+		if flags == 0 {
+			mo.DirectMountFlags = unix.MS_MGC_VAL
+		}
+	} else {
+		opts, err := userMountOptions(flags)
+		if err != nil {
+			return nil, err
+		}
+		mo.Options = append(mo.Options, opts...)
 	}
 	if opts.Debug {
 		mo.Logger = log.New(os.Stderr, "fuse: ", log.Lmicroseconds)
@@ -233,6 +266,31 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 	}
 	setReadAhead(dir, readAheadKB)
 	return &Mount{Server: srv, FS: f, Dir: dir}, nil
+}
+
+// userMountOptions spells flags as fusermount3's options (fuse 3.14,
+// its mount_flags table), for a mount by an ordinary user.
+func userMountOptions(flags uintptr) ([]string, error) {
+	names := []struct {
+		flag uintptr
+		name string
+	}{
+		{unix.MS_RDONLY, "ro"}, {unix.MS_NOSUID, "nosuid"}, {unix.MS_NODEV, "nodev"},
+		{unix.MS_NOEXEC, "noexec"}, {unix.MS_SYNCHRONOUS, "sync"}, {unix.MS_NOATIME, "noatime"},
+		{unix.MS_DIRSYNC, "dirsync"},
+		{unix.MS_RELATIME, ""}, // the kernel's default
+	}
+	var out []string
+	for _, n := range names {
+		if flags&n.flag != 0 && n.name != "" {
+			out = append(out, n.name)
+		}
+		flags &^= n.flag
+	}
+	if flags != 0 {
+		return nil, fmt.Errorf("mount flags %#x: fusermount3 cannot set them for an ordinary user", flags)
+	}
+	return out, nil
 }
 
 // readAheadKB is the kernel's read-ahead for the mount: several READs in

@@ -224,6 +224,19 @@ func (h *file) flushLocks(ctx context.Context, owner uint64) syscall.Errno {
 	return h.releaseOwner(ctx, owner)
 }
 
+// holdsLocks reports whether a lock-owner of h's holds locks.
+func (h *file) holdsLocks() bool {
+	t := &h.n.fsys.locks
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, ol := range t.owners {
+		if ol.h == h && ol.l.Held() {
+			return true
+		}
+	}
+	return false
+}
+
 // releaseLocks releases the locks of the lock-owners that belong to h,
 // and forgets them, before CLOSE: a server refuses to CLOSE an open with
 // locks (RFC 8881 s18.2.4, NFS4ERR_LOCKS_HELD). flock locks go here

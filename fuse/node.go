@@ -187,6 +187,9 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *gofuse.SetAttr
 		sa.GID = &v
 	}
 	if v, ok := in.GetSize(); ok {
+		if errno := n.fsys.checkFileSize(v); errno != 0 {
+			return errno
+		}
 		sa.Size = &v
 	}
 	if in.Valid&gofuse.FATTR_ATIME != 0 {

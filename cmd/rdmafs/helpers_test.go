@@ -23,6 +23,7 @@ import (
 
 func TestMain(m *testing.M) {
 	soak.MaybeWorker() // TestSoak's worker processes are this binary
+	maybeLockChild()   // and TestLockGoneAtClose's lock holders
 	testpeer.Main(m)
 }
 

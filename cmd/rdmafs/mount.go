@@ -99,9 +99,41 @@ which override -o):
    rdmamem=BYTES         registered memory with proto=rdma, K/M/G suffix,
                          4M to 64G (default 64M): READ data lands in it and
                          WRITE data leaves from it; calls beyond it copy
+
+FILE-SYSTEM-INDEPENDENT OPTIONS (mount(8)), as on a kernel NFS mount:
+   suid | nosuid         honour set-user-ID and set-group-ID bits or not
+   dev | nodev           allow device nodes or not
+   exec | noexec         allow running programs or not
+                         (a mount by root: suid, dev, exec by default, as
+                         mount(8) does; an ordinary user's mount is always
+                         nosuid,nodev: fusermount3 allows nothing else)
+   noatime, nodiratime, relatime (default), strictatime, lazytime, and
+   atime, diratime, norelatime, nostrictatime, nolazytime
+                         the kernel's atime flags of the mount, shown in
+                         /proc/mounts. As with the kernel NFS client
+                         (which never updates atime itself), rdmafs never
+                         sends an access time the application did not set;
+                         the server updates it when it serves a READ, even
+                         on a noatime mount
+   sync | async          sync: every write(2) reaches the server's stable
+                         storage before it returns (the kernel sends an
+                         fsync after each write, as nfs(5) sync); default
+                         async
+   dirsync               accepted and shown: directory changes are
+                         synchronous on NFS anyway
+   nosymfollow | symfollow
+                         do not follow symbolic links on the mount
+   remount               change the options above, and ro/rw, of a live
+                         mount: "mount -o remount,ro /mnt" (mount(8) runs
+                         mount.fuse.rdmafs), or "rdmafs mount -o
+                         remount,ro server:/export /mnt"; root only. NFS
+                         options keep the values of the mount; dirsync
+                         stays as mounted (the kernel keeps it)
 fstab-only options (_netdev, defaults, auto, noauto, nofail, user, x-*,
-...) and nfs(5) options without meaning here (sec, nconnect, ...) are
-accepted and ignored; any other option is an error.
+...), nfs(5) options without meaning here (sec, nconnect, ...), mand,
+nomand, iversion, and FUSE's own (user_id, group_id, default_permissions,
+max_read, which mount(8) repeats on a remount) are accepted and ignored;
+any other option is an error.
 
 PERMISSIONS: requests carry the calling process's uid, gid and
 supplementary groups (AUTH_SYS, at most 16 groups) and the server
@@ -208,6 +240,14 @@ func runMount(cctx *cli.Context) error {
 	if v := cctx.String("v"); v != "" {
 		if cats, err = trace.Parse(v); err != nil {
 			return exitf(exitUsage, err, "-v %s: %v", v, err)
+		}
+	}
+	if o.Remount {
+		return remount(o)
+	}
+	if os.Geteuid() != 0 {
+		if err := o.checkUser(); err != nil {
+			return exitf(exitUsage, err, "%v", err)
 		}
 	}
 	logFile := cctx.String("log")
@@ -419,6 +459,7 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 			AcDirMax:   o.AcDirMax,
 			NoAC:       o.NoAC,
 			ReadOnly:   o.ReadOnly,
+			MountFlags: o.VFSFlags,
 			AllowOther: o.AllowOther,
 			Buffers:    buffersOf(t),
 			Tracer:     tr,

@@ -2,10 +2,14 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // mountOptions are the nfs(5)-style options of a mount.
@@ -38,6 +42,14 @@ type mountOptions struct {
 	// device name (rdma-core provider) or "iwarp-go" (pure Go); empty
 	// picks rdma-core when the machine has an RDMA device.
 	RDMADev string
+
+	// VFSFlags are the generic options of mount(8) as MS_* bits
+	// (nosuid, noatime, sync, ...), applied to the kernel's mount;
+	// VFSGiven marks the bits an option named, for a remount, which
+	// keeps the others as they are.
+	VFSFlags, VFSGiven uintptr
+	// Remount changes the flags of a live mount instead of mounting.
+	Remount bool
 }
 
 // Default ports: NFS over TCP (RFC 7530 s3.1) and over RDMA (RFC 8267
@@ -84,15 +96,50 @@ func parseSize(val string) (int64, error) {
 }
 
 // ignoredOptions are accepted for fstab and mount(8) compatibility and
-// have no effect on rdmafs.
+// have no effect on rdmafs. mand and nomand are mount(8)'s, without
+// effect since Linux 5.15 (mandatory locking is gone); iversion is the
+// file system's business (the NFS change attribute); silent and loud
+// only quieten a kernel file system's messages.
 var ignoredOptions = map[string]bool{
 	"_netdev": true, "defaults": true, "auto": true, "noauto": true, "nofail": true,
 	"user": true, "nouser": true, "users": true, "owner": true, "group": true,
-	"suid": true, "nosuid": true, "dev": true, "nodev": true, "exec": true, "noexec": true,
-	"atime": true, "noatime": true, "relatime": true, "norelatime": true, "strictatime": true,
-	"async": true, "sync": true, "intr": true, "nointr": true, "cto": true,
+	"mand": true, "nomand": true, "iversion": true, "noiversion": true, "silent": true, "loud": true,
+	"intr": true, "nointr": true, "cto": true,
 	"sec": true, "lookupcache": true, "fsc": true, "nofsc": true, "local_lock": true,
 	"minorversion": true, "clientaddr": true, "namlen": true, "nconnect": true,
+	// The kernel FUSE options rdmafs sets itself, which mount(8) repeats
+	// from /proc/self/mountinfo when it runs the helper for a remount.
+	"user_id": true, "group_id": true, "default_permissions": true, "max_read": true,
+	"rootmode": true, "blksize": true, "fd": true,
+}
+
+// vfsOption is one of mount(8)'s file-system-independent options: it
+// sets the MS_* bits set and clears those in clear (the kernel's
+// mount(2) flags, mount(8) "FILESYSTEM-INDEPENDENT MOUNT OPTIONS").
+type vfsOption struct{ set, clear uintptr }
+
+var vfsOptions = map[string]vfsOption{
+	"nosuid":        {set: unix.MS_NOSUID},
+	"suid":          {clear: unix.MS_NOSUID},
+	"nodev":         {set: unix.MS_NODEV},
+	"dev":           {clear: unix.MS_NODEV},
+	"noexec":        {set: unix.MS_NOEXEC},
+	"exec":          {clear: unix.MS_NOEXEC},
+	"sync":          {set: unix.MS_SYNCHRONOUS},
+	"async":         {clear: unix.MS_SYNCHRONOUS},
+	"dirsync":       {set: unix.MS_DIRSYNC},
+	"noatime":       {set: unix.MS_NOATIME, clear: unix.MS_STRICTATIME | unix.MS_RELATIME},
+	"atime":         {clear: unix.MS_NOATIME},
+	"nodiratime":    {set: unix.MS_NODIRATIME},
+	"diratime":      {clear: unix.MS_NODIRATIME},
+	"relatime":      {set: unix.MS_RELATIME, clear: unix.MS_STRICTATIME | unix.MS_NOATIME},
+	"norelatime":    {clear: unix.MS_RELATIME},
+	"strictatime":   {set: unix.MS_STRICTATIME, clear: unix.MS_NOATIME | unix.MS_RELATIME},
+	"nostrictatime": {clear: unix.MS_STRICTATIME},
+	"lazytime":      {set: unix.MS_LAZYTIME},
+	"nolazytime":    {clear: unix.MS_LAZYTIME},
+	"nosymfollow":   {set: unix.MS_NOSYMFOLLOW},
+	"symfollow":     {clear: unix.MS_NOSYMFOLLOW},
 }
 
 // parseOptionList applies a comma-separated option list ("-o a=b,c").
@@ -220,6 +267,16 @@ func (o *mountOptions) set(opt string) error {
 			return err
 		}
 		o.ReadOnly = name == "ro"
+		o.VFSGiven |= unix.MS_RDONLY
+		o.VFSFlags &^= unix.MS_RDONLY
+		if o.ReadOnly {
+			o.VFSFlags |= unix.MS_RDONLY
+		}
+	case "remount":
+		if err := noVal(); err != nil {
+			return err
+		}
+		o.Remount = true
 	case "allow_other":
 		if err := noVal(); err != nil {
 			return err
@@ -247,12 +304,62 @@ func (o *mountOptions) set(opt string) error {
 			return fmt.Errorf("option rdmavers=%s: want auto, 1 or 2", val)
 		}
 	default:
+		if v, ok := vfsOptions[name]; ok {
+			if err := noVal(); err != nil {
+				return err
+			}
+			o.VFSFlags = o.VFSFlags&^v.clear | v.set
+			o.VFSGiven |= v.set | v.clear
+			return nil
+		}
 		if ignoredOptions[name] || strings.HasPrefix(name, "x-") {
 			return nil
 		}
 		return fmt.Errorf("unknown mount option %q (see rdmafs mount --help)", opt)
 	}
 	return nil
+}
+
+// userFlags are the MS_* bits a mount by an ordinary user can have: those
+// fusermount3 (fuse 3.14, its mount_flags table) sets, and relatime, the
+// kernel's default. fusermount3 mounts nosuid,nodev whatever it is
+// asked.
+const userFlags = unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC |
+	unix.MS_SYNCHRONOUS | unix.MS_NOATIME | unix.MS_DIRSYNC | unix.MS_RELATIME
+
+// checkUser refuses, for a mount by an ordinary user (through
+// fusermount3), the options fusermount3 cannot honour: suid and dev
+// (only root may mount with set-user-ID files and devices), and the
+// flags it does not pass on.
+func (o *mountOptions) checkUser() error {
+	if bad := o.VFSGiven &^ o.VFSFlags & (unix.MS_NOSUID | unix.MS_NODEV); bad != 0 {
+		return fmt.Errorf("option %s: only root mounts with %s; an ordinary user's mount is nosuid,nodev (fusermount3)",
+			vfsNames(bad, true), vfsNames(bad, true))
+	}
+	if bad := o.VFSFlags &^ userFlags; bad != 0 {
+		return fmt.Errorf("option %s: fusermount3 cannot set it for an ordinary user; mount as root", vfsNames(bad, false))
+	}
+	return nil
+}
+
+// vfsNames names the options that set bits (or, with cleared, clear
+// them): "nosuid,nodev" or "suid,dev".
+func vfsNames(bits uintptr, cleared bool) string {
+	var names []string
+	for _, name := range slices.Sorted(maps.Keys(vfsOptions)) {
+		v := vfsOptions[name]
+		b := v.set
+		if cleared {
+			b = v.clear
+			if v.set != 0 {
+				continue
+			}
+		}
+		if b != 0 && b&bits == b {
+			names = append(names, name)
+		}
+	}
+	return strings.Join(names, ",")
 }
 
 // parseSource splits "server[:port]:/export". The server may be a

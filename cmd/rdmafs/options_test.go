@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 )
 
 func TestParseSource(t *testing.T) {
@@ -55,6 +56,7 @@ func TestOptionList(t *testing.T) {
 	want.AcRegMin, want.AcRegMax, want.AcDirMin, want.AcDirMax = 7*time.Second, 7*time.Second, 7*time.Second, 9*time.Second
 	want.ReadOnly, want.AllowOther, want.RDMAVers = true, true, "2"
 	want.Vers = "4.1"
+	want.VFSFlags, want.VFSGiven = unix.MS_RDONLY, unix.MS_RDONLY
 	if !reflect.DeepEqual(o, want) {
 		t.Errorf("got  %+v\nwant %+v", o, want)
 	}
@@ -227,5 +229,43 @@ func TestRDMADevOption(t *testing.T) {
 	o.RDMADev = "no_such_dev0"
 	if _, _, _, _, err := rdmaProvider(&o); err == nil || !strings.Contains(err.Error(), "rdmadev=no_such_dev0") {
 		t.Fatalf("missing device: %v", err)
+	}
+}
+
+func TestVFSOptionFlags(t *testing.T) {
+	o := defaultOptions()
+	if err := o.parseOptionList("nosuid,nodev,noexec,relatime,noatime,nodiratime,sync,dirsync,lazytime,remount"); err != nil {
+		t.Fatal(err)
+	}
+	want := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOATIME | unix.MS_NODIRATIME |
+		unix.MS_SYNCHRONOUS | unix.MS_DIRSYNC | unix.MS_LAZYTIME)
+	if o.VFSFlags != want || !o.Remount {
+		t.Errorf("flags %#x remount %v, want %#x true", o.VFSFlags, o.Remount, want)
+	}
+	o.parseOptionList("suid,strictatime,async,ro")
+	want = unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NODIRATIME | unix.MS_DIRSYNC | unix.MS_LAZYTIME | unix.MS_STRICTATIME | unix.MS_RDONLY
+	if o.VFSFlags != want {
+		t.Errorf("flags %#x, want %#x", o.VFSFlags, want)
+	}
+	if o.VFSGiven&(unix.MS_NOSUID|unix.MS_NOATIME|unix.MS_RELATIME|unix.MS_RDONLY) == 0 || o.VFSGiven&unix.MS_MANDLOCK != 0 {
+		t.Errorf("given %#x", o.VFSGiven)
+	}
+	if err := o.set("noatime=1"); err == nil {
+		t.Error("noatime=1 accepted")
+	}
+	for opts, wantErr := range map[string]string{
+		"suid":               "option suid: only root",
+		"dev,nosuid":         "option dev: only root",
+		"nodiratime":         "option nodiratime: fusermount3 cannot",
+		"noatime,nodev,sync": "",
+	} {
+		o := defaultOptions()
+		if err := o.parseOptionList(opts); err != nil {
+			t.Fatal(err)
+		}
+		err := o.checkUser()
+		if wantErr == "" && err != nil || wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)) {
+			t.Errorf("%s as a user: %v, want %q", opts, err, wantErr)
+		}
 	}
 }

@@ -280,3 +280,35 @@ func TestCheckPrivateDir(t *testing.T) {
 		t.Errorf("userRunDirs with XDG_RUNTIME_DIR: %q", got)
 	}
 }
+
+// TestUserMountFlags checks an ordinary user's mount: nosuid,nodev
+// whatever it asks (fusermount3), suid or dev refused with the reason,
+// and the flags fusermount3 sets (noatime, noexec) passed on to it.
+func TestUserMountFlags(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	host, port := splitAddr(t, g.Addr)
+	s := newUserSandbox(t)
+	mnt := s.mkdir(t, "mnt", true)
+	script := `
+MNT=` + mnt + `
+trap 'user fusermount3 -u -z "$MNT" 2>/dev/null || true' EXIT
+echo "== suid"; user "$RDMAFS" mount -o port=` + port + `,suid ` + host + `:` + g.Export + ` "$MNT" 2>&1 || echo "exit $?"
+user "$RDMAFS" mount -o port=` + port + `,noatime,noexec ` + host + `:` + g.Export + ` "$MNT"
+echo "== flags"; grep " $MNT " /proc/self/mountinfo | cut -d' ' -f6
+user "$RDMAFS" umount "$MNT"
+`
+	out, err := inUserNamespace(t, s, "0666", nil, script)
+	if err != nil {
+		t.Fatalf("as uid %s: %v\n%s", testUID, err, out)
+	}
+	sec := sections(out)
+	if !strings.Contains(sec["suid"], "option suid: only root mounts with suid") || !strings.Contains(sec["suid"], "exit 1") {
+		t.Errorf("mount -o suid as a user: got %q, want the reason and exit 1", sec["suid"])
+	}
+	flags := strings.Split(strings.TrimSpace(sec["flags"]), ",")
+	for _, f := range []string{"nosuid", "nodev", "noexec", "noatime"} {
+		if !has(flags, f) {
+			t.Errorf("user mount's flags %v lack %s", flags, f)
+		}
+	}
+}
