@@ -86,7 +86,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*gofuse.DirEntry, syscall.E
 		return &gofuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Off: 2}, 0
 	}
 	e := &d.entries[i-2]
-	return &gofuse.DirEntry{Name: e.Name, Mode: typeBits(e.Attr.Type), Ino: e.Attr.FileID, Off: uint64(i + 1)}, 0
+	return &gofuse.DirEntry{Name: e.Name, Mode: typeBits(e.Attr.Type), Ino: d.n.fsys.ino(e.Attr.FileID), Off: uint64(i + 1)}, 0
 }
 
 // Lookup answers READDIRPLUS for an entry of the listing, from

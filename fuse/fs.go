@@ -144,6 +144,10 @@ type FS struct {
 	writeFlags  sync.Map // WRITE in progress -> FUSE_WRITE_KILL_SUIDGID (rawhooks.go)
 	locks       lockTable
 	nameMax     int // longest name the server takes (names.go)
+	// rootIno is the export root's fileid; handles the file handles
+	// of the fileids seen, for open_by_handle_at (export.go).
+	rootIno uint64
+	handles fileHandles
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
@@ -184,6 +188,7 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 	if err != nil {
 		return nil, fmt.Errorf("getattr of export root: %w", err)
 	}
+	f.rootIno = a.FileID
 	root := f.newNode(c.RootFH(), &a)
 	f.loadNameMax(ctx, cred)
 
@@ -203,7 +208,11 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		RememberInodes: false,
 		// The kernel leaves clearing set-user-ID bits on write to us
 		// (killpriv.go) instead of a SETATTR the server refuses.
-		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2,
+		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2 |
+			// File handles for name_to_handle_at and
+			// open_by_handle_at, as an NFS mount offers
+			// (export.go).
+			gofuse.CAP_EXPORT_SUPPORT,
 	}
 	// The server checks every request against the caller's AUTH_SYS
 	// uid, gid and groups. The kernel checks too (default_permissions),
@@ -225,6 +234,10 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		NegativeTimeout: &zero,
 		NullPermissions: true,
 		RootStableAttr:  &fs.StableAttr{Ino: a.FileID},
+		// The node ID is the inode number, the NFS fileid, so that a
+		// file handle names the object after the kernel forgot it
+		// (export.go).
+		ExternalNodeID: true,
 	}
 	srv, err := f.mount(dir, root, fo)
 	if err != nil {

@@ -64,6 +64,7 @@ var (
 func (f *FS) newNode(fh []byte, a *nfsclient.Attr) *node {
 	n := &node{fsys: f, fh: append([]byte(nil), fh...)}
 	n.setAttr(a)
+	f.handles.put(f.ino(a.FileID), fh)
 	return n
 }
 
@@ -73,7 +74,7 @@ func (f *FS) newNode(fh []byte, a *nfsclient.Attr) *node {
 // go-fuse merges with any inode of the same fileid (a hard link, or a
 // racing lookup).
 func (f *FS) child(ctx context.Context, parent *node, name string, fh []byte, a *nfsclient.Attr, out *gofuse.EntryOut) *fs.Inode {
-	id := fs.StableAttr{Mode: typeBits(a.Type), Ino: a.FileID}
+	id := f.stableAttr(fh, a)
 	if old := parent.GetChild(name); old != nil && old.StableAttr() == id {
 		if n, ok := old.Operations().(*node); ok {
 			n.setAttr(a)
