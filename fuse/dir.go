@@ -41,6 +41,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if n.StableAttr().Mode != syscall.S_IFDIR {
 		return nil, 0, syscall.ENOTDIR
 	}
+	n.fsys.dirOpened(n.StableAttr().Ino)
 	return &dirHandle{n: n, cred: n.fsys.cred(ctx)}, 0, 0
 }
 
@@ -127,6 +128,7 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	d.mu.Lock()
 	d.entries, d.byName = nil, nil
 	d.mu.Unlock()
+	d.n.fsys.dirReleased(uninterrupted(ctx), d.n.StableAttr().Ino)
 }
 
 // Fsyncdir has nothing to do: directory operations are synchronous on

@@ -148,6 +148,12 @@ type FS struct {
 	// of the fileids seen, for open_by_handle_at (export.go).
 	rootIno uint64
 	handles fileHandles
+	// openDirs counts open directory handles by inode number; silly
+	// has the names open objects were renamed to, removed at their
+	// last close (silly.go). Guarded by mu.
+	openDirs   map[uint64]int
+	silly      map[uint64][]sillyEntry
+	sillyCount atomic.Uint32
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
@@ -172,11 +178,13 @@ type Mount struct {
 func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (*Mount, error) {
 	opts.setDefaults()
 	f := &FS{
-		c:       c,
-		opts:    opts,
-		tr:      opts.Tracer,
-		files:   make(map[*file]struct{}),
-		writers: make(map[uint64]map[*file]struct{}),
+		c:        c,
+		opts:     opts,
+		tr:       opts.Tracer,
+		files:    make(map[*file]struct{}),
+		writers:  make(map[uint64]map[*file]struct{}),
+		openDirs: make(map[uint64]int),
+		silly:    make(map[uint64][]sillyEntry),
 	}
 	f.closed = sync.NewCond(&f.mu)
 	f.heap.size = c.WSize()
