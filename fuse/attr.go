@@ -105,6 +105,7 @@ func (n *node) fillAttr(out *gofuse.Attr) time.Duration {
 		t = delegAttrTimeout
 	}
 	n.fsys.fillAttr(&a, out)
+	n.fsys.hideSillyLinks(out)
 	return t
 }
 

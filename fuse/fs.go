@@ -154,6 +154,7 @@ type FS struct {
 	openDirs   map[uint64]int
 	silly      map[uint64][]sillyEntry
 	sillyCount atomic.Uint32
+	sillyNames atomic.Int64 // entries in silly, for a lock-free check
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node

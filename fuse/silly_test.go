@@ -61,7 +61,8 @@ func fstatOK(t *testing.T, fd int, what string, typ uint32) unix.Stat_t {
 // TestRenameOverOpen is xfstests generic/035 and an unlink of an open
 // file, through one mount: a file or directory renamed over (or a file
 // removed) while open stays usable through its descriptor, fstat and
-// read work, and the ".nfs" name it was renamed to in the meantime goes
+// read work, fstat shows no links (as generic/035 checks), and the
+// ".nfs" name it was renamed to in the meantime goes
 // at the last close, as with the Linux client. Before, fstat of the
 // directory failed with ESTALE (the server had removed it).
 func TestRenameOverOpen(t *testing.T) {
@@ -82,7 +83,9 @@ func TestRenameOverOpen(t *testing.T) {
 		if err := os.Rename(f1, f2); err != nil {
 			t.Fatal(err)
 		}
-		fstatOK(t, fd, "a file renamed over", unix.S_IFREG)
+		if st := fstatOK(t, fd, "a file renamed over", unix.S_IFREG); st.Nlink != 0 {
+			t.Errorf("fstat of a file renamed over: nlink %d, want 0", st.Nlink)
+		}
 		buf := make([]byte, 100)
 		n, err := unix.Pread(fd, buf, 0)
 		if err != nil || !bytes.Equal(buf[:n], old) {
@@ -103,7 +106,9 @@ func TestRenameOverOpen(t *testing.T) {
 		if err := os.Remove(f2); err != nil {
 			t.Fatal(err)
 		}
-		fstatOK(t, fd, "an unlinked file", unix.S_IFREG)
+		if st := fstatOK(t, fd, "an unlinked file", unix.S_IFREG); st.Nlink != 0 {
+			t.Errorf("fstat of an unlinked file: nlink %d, want 0", st.Nlink)
+		}
 		if n, err := unix.Pread(fd, buf, 0); err != nil || !bytes.Equal(buf[:n], src) {
 			t.Errorf("read of an unlinked open file: %q, %v; want %q", buf[:n], err, src)
 		}
@@ -128,7 +133,9 @@ func TestRenameOverOpen(t *testing.T) {
 		if err := unix.Rename(d1, d2); err != nil { // os.Rename refuses a directory target
 			t.Fatal(err)
 		}
-		fstatOK(t, fd, "a directory renamed over", unix.S_IFDIR)
+		if st := fstatOK(t, fd, "a directory renamed over", unix.S_IFDIR); st.Nlink != 0 {
+			t.Errorf("fstat of a directory renamed over: nlink %d, want 0", st.Nlink)
+		}
 		if _, err := os.Stat(d1); !os.IsNotExist(err) {
 			t.Errorf("stat of the renamed name: %v, want ENOENT", err)
 		}
