@@ -507,10 +507,15 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	// A target this mount has open is renamed out of the way first,
 	// as Linux's nfs_rename does for a target in use (silly.go).
+	var sillied *node
 	if t := np.childNode(newName); t != nil {
 		if s := n.childNode(name); s == nil || s.StableAttr().Ino != t.StableAttr().Ino {
-			if _, errno := n.fsys.sillyRename(ctx, np, newName, t); errno != 0 {
+			done, errno := n.fsys.sillyRename(ctx, np, newName, t)
+			if errno != 0 {
 				return errno
+			}
+			if done {
+				sillied = t
 			}
 		}
 	}
@@ -523,6 +528,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	src, dst, err := n.fsys.c.Rename(ctx, cred, n.handle(), name, np.handle(), newName)
 	if err != nil {
+		if sillied != nil {
+			n.fsys.unSillyRename(ctx, np, newName, sillied)
+		}
 		return n.errno("RENAME", err)
 	}
 	// A directory moved to another parent has a new ".." (and ctime),

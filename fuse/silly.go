@@ -70,6 +70,15 @@ func (f *FS) sillyRename(ctx context.Context, dir *node, name string, target *no
 		return false, 0
 	}
 	cred := f.cred(ctx)
+	if target.StableAttr().Mode == syscall.S_IFDIR {
+		// Only an empty directory can be renamed over: a full one is
+		// left in place for the RENAME to refuse (NFS4ERR_EXIST or
+		// NFS4ERR_NOTEMPTY, RFC 8881 s18.26.4).
+		p, err := f.c.ReadDir(ctx, cred, target.handle(), 0, [8]byte{}, 1024)
+		if err != nil || len(p.Entries) > 0 {
+			return false, 0
+		}
+	}
 	for range 8 {
 		silly := fmt.Sprintf(".nfs%016x%08x", ino, f.sillyCount.Add(1))
 		// RFC 8881 s18.26.4: RENAME onto an existing name replaces it;
@@ -163,5 +172,35 @@ func (f *FS) hideSillyLinks(out *gofuse.Attr) {
 		out.Nlink = 0
 	default:
 		out.Nlink -= k
+	}
+}
+
+// unSillyRename undoes sillyRename of dir/name when the RENAME it made
+// room for failed: the name is renamed back and forgotten.
+func (f *FS) unSillyRename(ctx context.Context, dir *node, name string, target *node) {
+	ino := target.StableAttr().Ino
+	f.mu.Lock()
+	ents := f.silly[ino]
+	if len(ents) == 0 || ents[len(ents)-1].dir != dir {
+		f.mu.Unlock()
+		return
+	}
+	e := ents[len(ents)-1]
+	if len(ents) == 1 {
+		delete(f.silly, ino)
+	} else {
+		f.silly[ino] = ents[:len(ents)-1]
+	}
+	f.sillyNames.Add(-1)
+	f.mu.Unlock()
+	ch := dir.beginChange()
+	src, _, err := f.c.Rename(ctx, e.cred, dir.handle(), e.name, dir.handle(), name)
+	if err == nil {
+		dir.dirChanged(&src, ch)
+	}
+	dir.endChange()
+	target.invalidateAttr()
+	if f.tr.On(trace.FUSE) {
+		f.trace("SILLYRENAME undone dir=%d %q -> %q ino=%d err=%v", dir.StableAttr().Ino, e.name, name, ino, err)
 	}
 }

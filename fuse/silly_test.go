@@ -125,6 +125,29 @@ func TestRenameOverOpen(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// An open directory that is not empty cannot be renamed over:
+		// it is not renamed out of the way either.
+		full := filepath.Join(top, "full")
+		if err := os.MkdirAll(filepath.Join(full, "x"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		ffd, err := unix.Open(full, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Rename(d1, full); err != unix.ENOTEMPTY && err != unix.EEXIST {
+			t.Errorf("rename over an open directory that is not empty: %v, want ENOTEMPTY or EEXIST", err)
+		}
+		if s := sillyNames(t, top); len(s) != 0 {
+			t.Errorf("%v left after a failed rename", s)
+		}
+		if _, err := os.Stat(filepath.Join(full, "x")); err != nil {
+			t.Errorf("the directory not renamed over: %v", err)
+		}
+		unix.Close(ffd)
+		if err := os.RemoveAll(full); err != nil {
+			t.Fatal(err)
+		}
 		fd, err = unix.Open(d2, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 		defer unix.Close(fd)
 		if err != nil {
