@@ -26,13 +26,16 @@ import (
 
 // fileHandles remembers the NFS file handle of each fileid seen, bounded:
 // two generations of at most fhTableSize entries each, the older dropped
-// when the newer fills up.
+// when the newer fills up (about 100 bytes an entry: at most some 25 MiB).
+// A handle of an object not seen in the last fhTableSize to
+// 2*fhTableSize new fileids fails with ESTALE once the kernel forgot the
+// inode.
 type fileHandles struct {
 	mu       sync.Mutex
 	cur, old map[uint64][]byte
 }
 
-const fhTableSize = 1 << 20
+const fhTableSize = 1 << 17
 
 func (t *fileHandles) put(ino uint64, fh []byte) {
 	t.mu.Lock()
