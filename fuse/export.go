@@ -3,9 +3,17 @@ package fuse
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"hash/fnv"
+	"io"
+	"os"
 	"sync"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -159,4 +167,117 @@ func (n *node) LookupParent(ctx context.Context, out *gofuse.EntryOut) (*fs.Inod
 	p := f.newNode(pfh, &pa)
 	p.entryOut(out)
 	return n.NewInode(ctx, p, f.stableAttr(pfh, &pa)), name, 0
+}
+
+// The handle cache file (Options.HandleCache) keeps the table across a
+// remount: "rdmafs handles 1\n", the export root's file handle, then
+// (fileid, file handle) records, each number an unsigned varint and each
+// file handle its length and bytes.
+const (
+	handleCacheMagic = "rdmafs handles 1\n"
+	maxFH            = 128 // NFS4_FHSIZE (RFC 8881 s3.2)
+)
+
+// encode writes the table, newest generation last.
+func (t *fileHandles) encode(root []byte) []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	b := []byte(handleCacheMagic)
+	b = binary.AppendUvarint(b, uint64(len(root)))
+	b = append(b, root...)
+	for _, m := range []map[uint64][]byte{t.old, t.cur} {
+		for ino, fh := range m {
+			b = binary.AppendUvarint(b, ino)
+			b = binary.AppendUvarint(b, uint64(len(fh)))
+			b = append(b, fh...)
+		}
+	}
+	return b
+}
+
+// decode fills the table from b, written by encode for the same export
+// root; it stops at the first malformed record.
+func (t *fileHandles) decode(b, root []byte) error {
+	if !bytes.HasPrefix(b, []byte(handleCacheMagic)) {
+		return errors.New("not a handle cache")
+	}
+	b = b[len(handleCacheMagic):]
+	fh := func() ([]byte, bool) {
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n == 0 || n > maxFH || n > uint64(len(b)-k) {
+			return nil, false
+		}
+		v := b[k : k+int(n)]
+		b = b[k+int(n):]
+		return v, true
+	}
+	r, ok := fh()
+	if !ok || !bytes.Equal(r, root) {
+		return errors.New("handle cache of another export")
+	}
+	for len(b) > 0 {
+		ino, k := binary.Uvarint(b)
+		if k <= 0 {
+			return errors.New("handle cache: bad fileid")
+		}
+		b = b[k:]
+		v, ok := fh()
+		if !ok {
+			return errors.New("handle cache: bad file handle")
+		}
+		t.put(ino, v)
+	}
+	return nil
+}
+
+// openHandleCache opens path, waits (up to handleCacheWait) for the lock
+// a mount of the same place holds on it until its Shutdown saved it, and
+// loads it. The lock stays held until saveHandleCache.
+func (f *FS) openHandleCache(path string) {
+	fd, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		f.trace("handle cache %s: %v", path, err)
+		return
+	}
+	for deadline := time.Now().Add(handleCacheWait); ; time.Sleep(20 * time.Millisecond) {
+		err = unix.Flock(int(fd.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			f.trace("handle cache %s: still locked: %v", path, err)
+			fd.Close()
+			return
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(fd, 64<<20))
+	if err == nil && len(b) > 0 {
+		err = f.handles.decode(b, f.c.RootFH())
+	}
+	if err != nil {
+		f.trace("handle cache %s: %v", path, err)
+	}
+	f.handleCache = fd
+}
+
+// handleCacheWait bounds how long a mount waits for the process that had
+// the same mount to save its handles.
+const handleCacheWait = 10 * time.Second
+
+// saveHandleCache writes the table back and releases the lock.
+func (f *FS) saveHandleCache() error {
+	fd := f.handleCache
+	if fd == nil {
+		return nil
+	}
+	f.handleCache = nil
+	defer fd.Close()
+	b := f.handles.encode(f.c.RootFH())
+	if err := fd.Truncate(0); err != nil {
+		return fmt.Errorf("handle cache: %w", err)
+	}
+	if _, err := fd.WriteAt(b, 0); err != nil {
+		return fmt.Errorf("handle cache: %w", err)
+	}
+	return nil
 }

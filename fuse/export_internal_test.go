@@ -47,3 +47,45 @@ func TestInoMapping(t *testing.T) {
 		t.Errorf("root fileid 1 remapped")
 	}
 }
+
+func TestHandleCacheCodec(t *testing.T) {
+	root := []byte("root-fh")
+	var a fileHandles
+	a.put(5, []byte("five"))
+	a.put(1<<63|1, []byte("big"))
+	b := a.encode(root)
+	var c fileHandles
+	if err := c.decode(b, root); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(c.get(5), []byte("five")) || !bytes.Equal(c.get(1<<63|1), []byte("big")) {
+		t.Errorf("decoded %v, want 5 and 1<<63|1", c.cur)
+	}
+	var d fileHandles
+	if err := d.decode(b, []byte("other-root")); err == nil || d.get(5) != nil {
+		t.Errorf("a cache of another export was loaded")
+	}
+	if err := d.decode(b[:len(b)-2], root); err == nil {
+		t.Errorf("a truncated cache decoded without error")
+	}
+}
+
+// FuzzHandleCache feeds the handle cache parser arbitrary files: it
+// must not panic, and what it loads must be file handles within
+// NFS4_FHSIZE.
+func FuzzHandleCache(f *testing.F) {
+	var h fileHandles
+	h.put(9, []byte("nine"))
+	f.Add(h.encode([]byte("r")))
+	f.Add([]byte(handleCacheMagic))
+	f.Add([]byte(handleCacheMagic + "\x01r\x09\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h fileHandles
+		h.decode(b, []byte("r"))
+		for _, fh := range h.cur {
+			if len(fh) == 0 || len(fh) > maxFH {
+				t.Fatalf("loaded a file handle of %d bytes", len(fh))
+			}
+		}
+	})
+}

@@ -67,6 +67,11 @@ type Options struct {
 	Tracer *trace.Tracer
 	// Debug logs every FUSE request (go-fuse's own debug output).
 	Debug bool
+	// HandleCache, if set, is a file in which the mount keeps the NFS
+	// file handles it saw, loaded at mount and saved at Shutdown, so
+	// that handles from name_to_handle_at still open after a remount
+	// (export.go). One mount at a time uses it.
+	HandleCache string
 }
 
 func (o *Options) setDefaults() {
@@ -146,8 +151,9 @@ type FS struct {
 	nameMax     int // longest name the server takes (names.go)
 	// rootIno is the export root's fileid; handles the file handles
 	// of the fileids seen, for open_by_handle_at (export.go).
-	rootIno uint64
-	handles fileHandles
+	rootIno     uint64
+	handles     fileHandles
+	handleCache *os.File // Options.HandleCache, locked
 	// openDirs counts open directory handles by inode number; silly
 	// has the names open objects were renamed to, removed at their
 	// last close (silly.go). Guarded by mu.
@@ -198,6 +204,9 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		return nil, fmt.Errorf("getattr of export root: %w", err)
 	}
 	f.rootIno = a.FileID
+	if opts.HandleCache != "" {
+		f.openHandleCache(opts.HandleCache)
+	}
 	root := f.newNode(c.RootFH(), &a)
 	f.loadNameMax(ctx, cred)
 
@@ -250,6 +259,9 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 	}
 	srv, err := f.mount(dir, root, fo)
 	if err != nil {
+		if f.handleCache != nil {
+			f.handleCache.Close()
+		}
 		f.bgCancel()
 		return nil, fmt.Errorf("fuse mount on %s: %w", dir, err)
 	}
@@ -317,6 +329,9 @@ func (m *Mount) Shutdown(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	f.bgCancel()
+	if err := f.saveHandleCache(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := f.c.Close(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("destroy session: %w", err))
 	}
