@@ -31,7 +31,7 @@ func typeBits(t nfsclient.FileType) uint32 {
 
 // fillAttr converts NFS attributes into a FUSE attribute block.
 func (f *FS) fillAttr(a *nfsclient.Attr, out *gofuse.Attr) {
-	out.Ino = a.FileID
+	out.Ino = f.ino(a.FileID)
 	out.Size = a.Size
 	out.Blocks = (a.SpaceUsed + 511) / 512
 	out.Mode = typeBits(a.Type) | a.Mode&07777
@@ -105,6 +105,7 @@ func (n *node) fillAttr(out *gofuse.Attr) time.Duration {
 		t = delegAttrTimeout
 	}
 	n.fsys.fillAttr(&a, out)
+	n.fsys.hideSillyLinks(out)
 	return t
 }
 

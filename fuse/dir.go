@@ -24,8 +24,8 @@ type dirHandle struct {
 	mu      sync.Mutex
 	loaded  bool
 	entries []nfsclient.DirEntry
-	pos     int // next position: 0 ".", 1 "..", 2+i entries[i]
-	last    *nfsclient.DirEntry
+	byName  map[string]int // index in entries
+	pos     int            // next position: 0 ".", 1 "..", 2+i entries[i]
 }
 
 var (
@@ -41,6 +41,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if n.StableAttr().Mode != syscall.S_IFDIR {
 		return nil, 0, syscall.ENOTDIR
 	}
+	n.fsys.dirOpened(n.StableAttr().Ino)
 	return &dirHandle{n: n, cred: n.fsys.cred(ctx)}, 0, 0
 }
 
@@ -54,6 +55,10 @@ func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 		return d.n.errno("READDIR", err)
 	}
 	d.entries, d.loaded = ents, true
+	d.byName = make(map[string]int, len(ents))
+	for i := range ents {
+		d.byName[ents[i].Name] = i
+	}
 	// READDIR moves the directory's atime: its cached attributes no
 	// longer answer a GETATTR (as Linux marks NFS_INO_INVALID_ATIME).
 	d.n.invalidateAttr()
@@ -77,29 +82,33 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*gofuse.DirEntry, syscall.E
 	d.pos++
 	switch i {
 	case 0:
-		d.last = nil
 		return &gofuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: d.n.StableAttr().Ino, Off: 1}, 0
 	case 1:
-		d.last = nil
 		return &gofuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Off: 2}, 0
 	}
 	e := &d.entries[i-2]
-	d.last = e
-	return &gofuse.DirEntry{Name: e.Name, Mode: typeBits(e.Attr.Type), Ino: e.Attr.FileID, Off: uint64(i + 1)}, 0
+	return &gofuse.DirEntry{Name: e.Name, Mode: typeBits(e.Attr.Type), Ino: d.n.fsys.ino(e.Attr.FileID), Off: uint64(i + 1)}, 0
 }
 
-// Lookup answers READDIRPLUS for the entry Readdirent just returned, from
-// READDIR's attributes; entries without them get a LOOKUP.
+// Lookup answers READDIRPLUS for an entry of the listing, from
+// READDIR's attributes; entries without them get a LOOKUP. The entry is
+// found by name, not as the one Readdirent returned last: go-fuse
+// answers a read at an offset inside its previous batch (a seekdir
+// back, or a read the kernel redoes) from its own copy of that batch,
+// and the Linux client too serves such reads from the READDIR pages it
+// cached, with no LOOKUP per entry.
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	d.mu.Lock()
-	e := d.last
+	var a nfsclient.Attr
+	i, ok := d.byName[name]
+	if ok {
+		a = d.entries[i].Attr
+	}
 	d.mu.Unlock()
-	if e == nil || e.Name != name || len(e.Attr.FileHandle) == 0 || e.Attr.RdattrErr != 0 ||
-		e.Attr.FileID == 0 || e.Attr.Type == 0 {
+	if !ok || len(a.FileHandle) == 0 || a.RdattrErr != 0 || a.FileID == 0 || a.Type == 0 {
 		return d.n.Lookup(ctx, name, out)
 	}
-	a := e.Attr
-	return d.n.fsys.child(ctx, d.n, name, e.Attr.FileHandle, &a, out), 0
+	return d.n.fsys.child(ctx, d.n, name, a.FileHandle, &a, out), 0
 }
 
 // Seekdir moves to a position Readdirent handed out; 0 reads the
@@ -108,18 +117,18 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if off == 0 {
-		d.loaded, d.entries = false, nil
+		d.loaded, d.entries, d.byName = false, nil, nil
 	}
 	d.pos = int(off)
-	d.last = nil
 	return 0
 }
 
 // Releasedir drops the listing.
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	d.mu.Lock()
-	d.entries = nil
+	d.entries, d.byName = nil, nil
 	d.mu.Unlock()
+	d.n.fsys.dirReleased(uninterrupted(ctx), d.n.StableAttr().Ino)
 }
 
 // Fsyncdir has nothing to do: directory operations are synchronous on

@@ -645,6 +645,7 @@ func (h *file) release(ctx context.Context) syscall.Errno {
 	h.mu.Unlock()
 	h.releaseLocks(ctx)
 	cerr := h.n.fsys.c.CloseFile(ctx, h.cred, h.of)
+	h.n.fsys.lastClose(ctx, h.n.StableAttr().Ino) // silly.go
 	if h.n.fsys.tr.On(trace.FUSE) {
 		h.n.fsys.trace("RELEASE ino=%d stateid=%d:%x close=%v", h.n.StableAttr().Ino, h.of.StateID.Seq, h.of.StateID.Other, cerr)
 	}

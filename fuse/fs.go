@@ -73,6 +73,11 @@ type Options struct {
 	Tracer *trace.Tracer
 	// Debug logs every FUSE request (go-fuse's own debug output).
 	Debug bool
+	// HandleCache, if set, is a file in which the mount keeps the NFS
+	// file handles it saw, loaded at mount and saved at Shutdown, so
+	// that handles from name_to_handle_at still open after a remount
+	// (export.go). One mount at a time uses it.
+	HandleCache string
 }
 
 func (o *Options) setDefaults() {
@@ -156,6 +161,18 @@ type FS struct {
 	// directIOMmap: the kernel maps files opened with FOPEN_DIRECT_IO
 	// (FUSE_DIRECT_IO_ALLOW_MMAP); set once at INIT.
 	directIOMmap bool
+	// rootIno is the export root's fileid; handles the file handles
+	// of the fileids seen, for open_by_handle_at (export.go).
+	rootIno     uint64
+	handles     fileHandles
+	handleCache *os.File // Options.HandleCache, locked
+	// openDirs counts open directory handles by inode number; silly
+	// has the names open objects were renamed to, removed at their
+	// last close (silly.go). Guarded by mu.
+	openDirs   map[uint64]int
+	silly      map[uint64][]sillyEntry
+	sillyCount atomic.Uint32
+	sillyNames atomic.Int64 // entries in silly, for a lock-free check
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
@@ -180,11 +197,13 @@ type Mount struct {
 func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (*Mount, error) {
 	opts.setDefaults()
 	f := &FS{
-		c:       c,
-		opts:    opts,
-		tr:      opts.Tracer,
-		files:   make(map[*file]struct{}),
-		writers: make(map[uint64]map[*file]struct{}),
+		c:        c,
+		opts:     opts,
+		tr:       opts.Tracer,
+		files:    make(map[*file]struct{}),
+		writers:  make(map[uint64]map[*file]struct{}),
+		openDirs: make(map[uint64]int),
+		silly:    make(map[uint64][]sillyEntry),
 	}
 	f.closed = sync.NewCond(&f.mu)
 	f.heap.size = c.WSize()
@@ -195,6 +214,10 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 	a, err := c.GetAttr(ctx, cred, c.RootFH())
 	if err != nil {
 		return nil, fmt.Errorf("getattr of export root: %w", err)
+	}
+	f.rootIno = a.FileID
+	if opts.HandleCache != "" {
+		f.openHandleCache(opts.HandleCache)
 	}
 	root := f.newNode(c.RootFH(), &a)
 	f.loadNameMax(ctx, cred)
@@ -214,11 +237,16 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		RememberInodes: false,
 		// The kernel leaves clearing set-user-ID bits on write to us
 		// (killpriv.go) instead of a SETATTR the server refuses.
-		//
-		// A file opened with O_DIRECT may be mapped too (fsx, databases
-		// mix both): FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6) lets the
-		// kernel map a FOPEN_DIRECT_IO file (see openFlags).
-		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2 | gofuse.CAP_DIRECT_IO_ALLOW_MMAP,
+		ExtraCapabilities: gofuse.CAP_HANDLE_KILLPRIV_V2 |
+			// A file opened with O_DIRECT may be mapped too (fsx,
+			// databases mix both): FUSE_DIRECT_IO_ALLOW_MMAP (Linux
+			// 6.6) lets the kernel map a FOPEN_DIRECT_IO file (see
+			// openFlags).
+			gofuse.CAP_DIRECT_IO_ALLOW_MMAP |
+			// File handles for name_to_handle_at and
+			// open_by_handle_at, as an NFS mount offers
+			// (export.go).
+			gofuse.CAP_EXPORT_SUPPORT,
 	}
 	// The server checks every request against the caller's AUTH_SYS
 	// uid, gid and groups. The kernel checks too (default_permissions),
@@ -258,9 +286,16 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 		NegativeTimeout: &zero,
 		NullPermissions: true,
 		RootStableAttr:  &fs.StableAttr{Ino: a.FileID},
+		// The node ID is the inode number, the NFS fileid, so that a
+		// file handle names the object after the kernel forgot it
+		// (export.go).
+		ExternalNodeID: true,
 	}
 	srv, err := f.mount(dir, root, fo)
 	if err != nil {
+		if f.handleCache != nil {
+			f.handleCache.Close()
+		}
 		f.bgCancel()
 		return nil, fmt.Errorf("fuse mount on %s: %w", dir, err)
 	}
@@ -353,6 +388,9 @@ func (m *Mount) Shutdown(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	f.bgCancel()
+	if err := f.saveHandleCache(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := f.c.Close(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("destroy session: %w", err))
 	}

@@ -64,6 +64,7 @@ var (
 func (f *FS) newNode(fh []byte, a *nfsclient.Attr) *node {
 	n := &node{fsys: f, fh: append([]byte(nil), fh...)}
 	n.setAttr(a)
+	f.handles.put(f.ino(a.FileID), fh)
 	return n
 }
 
@@ -73,7 +74,7 @@ func (f *FS) newNode(fh []byte, a *nfsclient.Attr) *node {
 // go-fuse merges with any inode of the same fileid (a hard link, or a
 // racing lookup).
 func (f *FS) child(ctx context.Context, parent *node, name string, fh []byte, a *nfsclient.Attr, out *gofuse.EntryOut) *fs.Inode {
-	id := fs.StableAttr{Mode: typeBits(a.Type), Ino: a.FileID}
+	id := f.stableAttr(fh, a)
 	if old := parent.GetChild(name); old != nil && old.StableAttr() == id {
 		if n, ok := old.Operations().(*node); ok {
 			n.setAttr(a)
@@ -161,6 +162,11 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *gofuse.AttrOu
 	} else {
 		var err error
 		if a, err = n.fsys.c.GetAttr(ctx, n.fsys.cred(ctx), n.handle()); err != nil {
+			if n.staleOpenDir(err) {
+				n.attrOut(out)
+				out.Nlink = 0
+				return 0
+			}
 			return n.errno("GETATTR", err)
 		}
 	}
@@ -170,6 +176,28 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *gofuse.AttrOu
 		n.fsys.trace("GETATTR ino=%d size=%d change=%d timeout=%v", a.FileID, a.Size, a.Change, out.Timeout())
 	}
 	return 0
+}
+
+// staleOpenDir reports whether err says n is gone on the server
+// (NFS4ERR_STALE: another client removed it or renamed over it) while n
+// is a directory this mount has open: fstat on the open descriptor is
+// then answered from the cached attributes with no links, as a local
+// file system answers for a removed directory still open, instead of
+// failing. The Linux client answers such an fstat from its attribute
+// cache until it expires (nfs_getattr revalidates only then), and fails
+// with ESTALE after; FUSE's kernel side asks whenever its own cache
+// expires, so answering from ours keeps the descriptor usable.
+func (n *node) staleOpenDir(err error) bool {
+	if n.StableAttr().Mode != syscall.S_IFDIR || nfsclient.Errno(err) != syscall.ESTALE {
+		return false
+	}
+	f := n.fsys
+	f.mu.Lock()
+	open := f.openDirs[n.StableAttr().Ino] > 0
+	f.mu.Unlock()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return open && n.attrSet
 }
 
 // Setattr covers chmod, chown, truncate and utimens with one SETATTR.
@@ -419,6 +447,17 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	ctx = uninterrupted(ctx)
+	// An open file is renamed out of the way instead (silly.go).
+	if t := n.childNode(name); t != nil && t.StableAttr().Mode != syscall.S_IFDIR {
+		if done, errno := n.fsys.sillyRename(ctx, n, name, t); errno != 0 || done {
+			return errno
+		}
+	}
+	return n.remove(ctx, name)
+}
+
+// remove sends REMOVE.
+func (n *node) remove(ctx context.Context, name string) syscall.Errno {
 	n.returnDelegationBeforeRemove(name)
 	ch := n.beginChange()
 	defer n.endChange()
@@ -435,7 +474,20 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 
 // Rmdir sends REMOVE; the server refuses a directory that is not empty.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	return n.Unlink(ctx, name)
+	if errno := n.fsys.checkName(name); errno != 0 {
+		return errno
+	}
+	return n.remove(uninterrupted(ctx), name)
+}
+
+// childNode returns the node the kernel knows as name in n, if any.
+func (n *node) childNode(name string) *node {
+	if ch := n.GetChild(name); ch != nil {
+		if c, ok := ch.Operations().(*node); ok {
+			return c
+		}
+	}
+	return nil
 }
 
 // Rename sends RENAME, which replaces an existing target (RFC 8881
@@ -457,6 +509,20 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if flags != 0 {
 		return syscall.EINVAL
 	}
+	// A target this mount has open is renamed out of the way first,
+	// as Linux's nfs_rename does for a target in use (silly.go).
+	var sillied *node
+	if t := np.childNode(newName); t != nil {
+		if s := n.childNode(name); s == nil || s.StableAttr().Ino != t.StableAttr().Ino {
+			done, errno := n.fsys.sillyRename(ctx, np, newName, t)
+			if errno != 0 {
+				return errno
+			}
+			if done {
+				sillied = t
+			}
+		}
+	}
 	ch := n.beginChange()
 	defer n.endChange()
 	npch := ch
@@ -466,6 +532,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	src, dst, err := n.fsys.c.Rename(ctx, cred, n.handle(), name, np.handle(), newName)
 	if err != nil {
+		if sillied != nil {
+			n.fsys.unSillyRename(ctx, np, newName, sillied)
+		}
 		return n.errno("RENAME", err)
 	}
 	// A directory moved to another parent has a new ".." (and ctime),

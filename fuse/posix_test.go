@@ -179,14 +179,6 @@ type knownSkip struct {
 // skipOnMount are the posixtest cases that skip themselves through the
 // mount.
 var skipOnMount = map[string]knownSkip{
-	// rename(dir1, dir2) removes dir2 on the server, and an NFS server
-	// keeps no state for an open directory: GETATTR of its handle is
-	// NFS4ERR_STALE (RFC 8881 s15.1.2.7), fstat(2) ESTALE. The client
-	// does send that GETATTR (the rename invalidates dir2's attributes,
-	// as Linux's nfs_rename drops its nlink), but knfsd on tmpfs still
-	// finds a removed directory by its handle while its inode is
-	// cached: a GETATTR that comes soon enough succeeds.
-	"RenameOpenDir": {why: "a directory removed by a rename is stale on the server", msg: "Fstat failed: stale file handle", mayPass: true},
 	// No O_TMPFILE over FUSE here: the open fails with EOPNOTSUPP.
 	"Tmpfile": {why: "no O_TMPFILE through the mount", msg: "FS does not support O_TMPFILE: operation not supported"},
 	// A server without extended attributes (NFSv4.1 has none; RFC 8276

@@ -464,6 +464,8 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 			Buffers:    buffersOf(t),
 			Tracer:     tr,
 			Debug:      debugFUSE,
+			// name_to_handle_at handles survive a remount.
+			HandleCache: handleCache(o.Server, o.Export, o.Dir),
 		})
 		return err
 	})

@@ -211,3 +211,15 @@ func mountUserID(dir string) (int, bool) {
 	}
 	return uid, found
 }
+
+// handleCache returns the file in which the mount of export on dir keeps
+// the NFS file handles it saw across a remount (fuse.Options.HandleCache),
+// in the run directory; "" (no cache) when that cannot be made.
+func handleCache(server, export, dir string) string {
+	d, err := makeRunDir()
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(server + "\x00" + export + "\x00" + filepath.Clean(dir)))
+	return filepath.Join(d, hex.EncodeToString(sum[:8])+".handles")
+}
