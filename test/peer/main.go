@@ -1,0 +1,159 @@
+// Command peer starts one of the test servers the way the integration
+// tests do (internal/testpeer: free loopback ports, a private run
+// directory, ready once it answers an RPC NULL call) and keeps it up for a
+// script: scripts/xfstests.sh runs it in the background, reads the
+// server's addresses from its standard output and ends it by closing its
+// standard input or with SIGTERM.
+//
+//	peer -server ganesha -dirs test,scratch
+//	peer -server knfsd -append kpeer.exportsize=1g -env KPEER_MEM=2048
+//
+// Once the server is up, peer prints shell assignments, one a line, then
+// READY:
+//
+//	PEER_TCP=127.0.0.1:PORT      NFS over TCP
+//	PEER_RDMA=127.0.0.1:PORT     RPC-over-RDMA (knfsd only)
+//	PEER_EXPORT=/export          the path to mount (knfsd: /)
+//	PEER_DIR=/tmp/...            the host directory behind the export (ganesha only)
+//	PEER_LOG=/tmp/...            the server's log (ganesha.log, or the guest's serial.log)
+//
+// -dirs makes those directories in the export first. -logs DIR copies the
+// server's logs there when it stops (the run directory is removed).
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/testpeer"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "peer: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, " ") }
+func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
+
+func run() error {
+	server := flag.String("server", "ganesha", "ganesha or knfsd")
+	dirs := flag.String("dirs", "", "comma-separated directories to make in the export")
+	exportDir := flag.String("export-dir", "", "ganesha: the host directory to export (default: one in its run directory)")
+	appendArgs := flag.String("append", "", "knfsd: extra guest kernel command line (kpeer.*)")
+	logs := flag.String("logs", "", "copy the server's logs into this directory when it stops")
+	var env multi
+	flag.Var(&env, "env", "knfsd: a KPEER_* setting for test/kpeer/run.sh (repeatable)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	var (
+		vars   []string
+		logFn  string
+		mkdirs func(ctx context.Context, dirs []string) error
+		halt   func() error
+	)
+	startCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	switch *server {
+	case "ganesha":
+		g, err := testpeer.StartGaneshaWith(startCtx, testpeer.GaneshaOptions{ExportDir: *exportDir})
+		if err != nil {
+			return err
+		}
+		halt = g.Stop
+		logFn = filepath.Join(g.RunDir, "ganesha.log")
+		vars = []string{"PEER_TCP=" + g.Addr, "PEER_EXPORT=" + g.Export, "PEER_DIR=" + g.Dir, "PEER_LOG=" + logFn}
+		mkdirs = func(_ context.Context, dirs []string) error {
+			for _, d := range dirs {
+				if err := os.MkdirAll(filepath.Join(g.Dir, d), 0o755); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	case "knfsd":
+		k, err := testpeer.StartKnfsd(startCtx, testpeer.KnfsdOptions{Append: *appendArgs, Env: env})
+		if err != nil {
+			return err
+		}
+		halt = k.Stop
+		logFn = filepath.Join(k.RunDir, "serial.log")
+		vars = []string{"PEER_TCP=" + k.TCPAddr, "PEER_RDMA=" + k.RDMAAddr, "PEER_EXPORT=/", "PEER_LOG=" + logFn}
+		mkdirs = func(ctx context.Context, dirs []string) error {
+			var cmd []string
+			for _, d := range dirs {
+				cmd = append(cmd, "mkdir -p "+path.Join("/export", d))
+			}
+			out, err := k.Exec(ctx, strings.Join(cmd, " && "))
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, out)
+			}
+			return nil
+		}
+	default:
+		return fmt.Errorf("-server %q: want ganesha or knfsd", *server)
+	}
+	defer func() {
+		if *logs != "" {
+			if err := copyFile(logFn, filepath.Join(*logs, filepath.Base(logFn))); err != nil {
+				fmt.Fprintf(os.Stderr, "peer: keeping the log: %v\n", err)
+			}
+		}
+		if err := halt(); err != nil {
+			fmt.Fprintf(os.Stderr, "peer: stop: %v\n", err)
+		}
+	}()
+	if *dirs != "" {
+		if err := mkdirs(startCtx, strings.Split(*dirs, ",")); err != nil {
+			return fmt.Errorf("making %s in the export: %w", *dirs, err)
+		}
+	}
+	w := bufio.NewWriter(os.Stdout)
+	for _, v := range vars {
+		fmt.Fprintln(w, v)
+	}
+	fmt.Fprintln(w, "READY")
+	if err := w.Flush(); err != nil {
+		return err
+	}
+
+	// Up until stdin closes or a signal comes.
+	eof := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(eof)
+	}()
+	select {
+	case <-eof:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return os.WriteFile(to, b, 0o644)
+}
