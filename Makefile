@@ -8,7 +8,7 @@ FUZZTIME    ?= 10s
 TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
 BIN         := bin/rdmafs
 
-.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount soak lint deps deps-packages demo demo-stop clean
+.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount soak xfstests lint deps deps-packages demo demo-stop clean
 
 all: build
 
@@ -21,6 +21,7 @@ help:
 	@echo "make bench   data-path benchmarks"
 	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; RELAY=1: rdma-relay vs tcp-relay on ganesha; SIZE, ROUNDS; EXPORT=disk: ganesha on the disk, not tmpfs)"
 	@echo "make soak    data-verification soak on each server and transport (DURATION=30m, PEERS, PARALLEL=1, CUT=60s, RESTART_CMD; see scripts/soak.sh)"
+	@echo "make xfstests XFSTESTS_DIR=/path/to/built/xfstests [TESTS='-g quick'] [SERVER=ganesha|knfsd-rdma|knfsd-tcp]  xfstests on an rdmafs mount (docs/xfstests.md)"
 	@echo "make lint    gofmt, go vet, staticcheck"
 	@echo "make deps    install the Debian packages the tests need and build the knfsd guest"
 	@echo "make demo    start knfsd, mount it over RPC-over-RDMA at ./mnt and show it working"
@@ -67,6 +68,14 @@ bench-mount:
 # The long data-verification run; make test runs it for 20 s per peer.
 soak: deps build
 	DURATION=$(or $(DURATION),30m) scripts/soak.sh
+
+# xfstests (not part of rdmafs: build it yourself) against an rdmafs
+# mount of a server started for the run; see docs/xfstests.md.
+TESTS  ?= -g quick
+SERVER ?= ganesha
+xfstests: build
+	@[ -n "$(XFSTESTS_DIR)" ] || { echo "make xfstests: set XFSTESTS_DIR to a built xfstests tree (docs/xfstests.md)"; exit 1; }
+	XFSTESTS_DIR="$(XFSTESTS_DIR)" SERVER="$(SERVER)" RDMAFS_BIN=$(BIN) scripts/xfstests.sh $(TESTS)
 
 # vet and staticcheck compile verbs/ibverbs, whose cgo needs rdma-core's
 # headers: install the packages first (without building the guest).

@@ -14,7 +14,8 @@
 #   SERVER         ganesha (NFS over TCP, the default), knfsd-rdma or
 #                  knfsd-tcp (Linux knfsd in the qemu guest, test/kpeer;
 #                  needs KPEER_BUILD_DIR's guest cache, scripts/deps.sh)
-#   RDMAFS_BIN     the rdmafs binary to mount with (default: build bin/rdmafs)
+#   RDMAFS_BIN     the rdmafs binary to mount with (default: build bin/rdmafs
+#                  here); e.g. another worktree's bin/rdmafs
 #   MOUNT_OPTS     more rdmafs mount options, e.g. actimeo=0 or vers=4.2
 #   RESULTS        the run's directory (default .xfstests/DATE-SERVER here):
 #                  local.config, check.out (check's output), summary.txt,
@@ -30,8 +31,8 @@
 # group xfstests' README asks for (fsgqa, fsgqa2, 123456-fsgqa); set
 # XFSTESTS_NO_SETUP=1 to only be told what is missing.
 #
-# The mounts: TEST_DEV is SERVER:/EXPORT/test and SCRATCH_DEV
-# SERVER:/EXPORT/scratch (two directories of the one export), mounted
+# The mounts: TEST_DEV is 127.0.0.1:/EXPORT/test-PID and SCRATCH_DEV
+# 127.0.0.1:/EXPORT/scratch-PID (two directories of the one export), mounted
 # -t fuse.rdmafs with allow_other (xfstests runs some steps as fsgqa) and
 # the server's port. The summary (pass / fail / not run, and every not-run
 # reason with its count) is printed at the end and kept in summary.txt;
@@ -65,7 +66,6 @@ fi
 RDMAFS_BIN=$(readlink -f "$RDMAFS_BIN")
 [ -x "$RDMAFS_BIN" ] || die "RDMAFS_BIN=$RDMAFS_BIN is not executable"
 export RDMAFS_BIN
-go build -o bin/peer ./test/peer || die "building bin/peer failed"
 
 # mount -t fuse.rdmafs runs /sbin/mount.fuse.rdmafs (util-linux looks only
 # in /sbin, /sbin/fs.d and /sbin/fs); ours runs $RDMAFS_BIN, which mount(8)
@@ -98,10 +98,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 	done
 fi
 
-# The run directory.
+# The run directory, and test/peer built into it (so that a run of this
+# script from another tree, with RDMAFS_BIN and RESULTS set, writes
+# nothing into this one; test/peer finds test/kpeer through
+# RDMAFS_REPO_ROOT).
 RESULTS=${RESULTS:-$ROOT/.xfstests/$(date -u +%Y%m%d-%H%M%S)-$SERVER}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
+go build -o "$RESULTS/peer" ./test/peer || die "building test/peer failed"
+export RDMAFS_REPO_ROOT=$ROOT
 TEST_MNT=$RESULTS/mnt/test SCRATCH_MNT=$RESULTS/mnt/scratch
 mkdir -p "$TEST_MNT" "$SCRATCH_MNT" "$RESULTS/results"
 
@@ -120,13 +125,17 @@ unmount_all() {
 
 # The server: test/peer prints its addresses, then READY, and runs until
 # its standard input (our coprocess pipe) closes.
-peer_args=(-logs "$RESULTS" -dirs test,scratch)
+# The directories' names carry this script's PID: xfstests finds and
+# unmounts its file systems by source (findmnt -S, umount SOURCE), so two
+# runs at the same time must not share one.
+TEST_NAME=test-$$ SCRATCH_NAME=scratch-$$
+peer_args=(-logs "$RESULTS" -dirs "$TEST_NAME,$SCRATCH_NAME")
 case "$SERVER" in
 ganesha) peer_args+=(-server ganesha ${EXPORT_DIR:+-export-dir "$EXPORT_DIR"}) ;;
 knfsd-*) peer_args+=(-server knfsd -append "kpeer.exportsize=${KNFSD_EXPORT_SIZE:-1g}" -env KPEER_MEM=2048) ;;
 esac
 say "starting $SERVER (log: $RESULTS/peer.log)"
-coproc PEER { exec bin/peer "${peer_args[@]}" 2>"$RESULTS/peer.log"; }
+coproc PEER { exec "$RESULTS/peer" "${peer_args[@]}" 2>"$RESULTS/peer.log"; }
 PEER_IN=${PEER[1]}
 stop_peer() {
 	unmount_all
@@ -157,9 +166,9 @@ cat >"$RESULTS/local.config" <<EOF
 # written by rdmafs scripts/xfstests.sh for SERVER=$SERVER
 export FSTYP=fuse
 export FUSE_SUBTYP=.rdmafs
-export TEST_DEV=127.0.0.1:$export_path/test
+export TEST_DEV=127.0.0.1:$export_path/$TEST_NAME
 export TEST_DIR=$TEST_MNT
-export SCRATCH_DEV=127.0.0.1:$export_path/scratch
+export SCRATCH_DEV=127.0.0.1:$export_path/$SCRATCH_NAME
 export SCRATCH_MNT=$SCRATCH_MNT
 # xfstests checks the type df -T shows, fuse.rdmafs, against FSTYP, fuse:
 # df through a filter that shows fuse.rdmafs as fuse.
