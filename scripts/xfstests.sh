@@ -110,16 +110,26 @@ export RDMAFS_REPO_ROOT=$ROOT
 TEST_MNT=$RESULTS/mnt/test SCRATCH_MNT=$RESULTS/mnt/scratch
 mkdir -p "$TEST_MNT" "$SCRATCH_MNT" "$RESULTS/results"
 
-# Unmount what is left (a hung FUSE server is aborted through fusectl).
+# Unmount what is left: a FUSE connection whose umount does not finish is
+# aborted through fusectl, and a serving process still there a minute
+# after its unmount is killed (and named: that is an rdmafs bug).
 unmount_all() {
-	local m dev
+	local m dev pid i
 	for m in "$SCRATCH_MNT" "$TEST_MNT"; do
 		grep -qs " $m " /proc/mounts || continue
-		timeout 60 umount "$m" 2>/dev/null && continue
-		dev=$(mountpoint -d "$m" 2>/dev/null || true)
-		say "umount $m did not finish: aborting its FUSE connection"
-		[ -n "$dev" ] && echo 1 >"/sys/fs/fuse/connections/${dev#*:}/abort" 2>/dev/null || true
-		umount -l "$m" 2>/dev/null || true
+		pid=$(timeout 10 "$RDMAFS_BIN" stats "$m" 2>/dev/null | awk '/^pid:/ { print $2; exit }' || true)
+		if ! timeout 60 umount "$m" 2>/dev/null; then
+			dev=$(mountpoint -d "$m" 2>/dev/null || true)
+			say "umount $m did not finish: aborting its FUSE connection"
+			[ -n "$dev" ] && echo 1 >"/sys/fs/fuse/connections/${dev#*:}/abort" 2>/dev/null || true
+			umount -l "$m" 2>/dev/null || true
+		fi
+		[ -n "$pid" ] || continue
+		for i in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+		if kill -0 "$pid" 2>/dev/null; then
+			say "rdmafs (pid $pid) still runs a minute after unmounting $m: killing it"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
 	done
 }
 
