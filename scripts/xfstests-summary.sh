@@ -28,10 +28,12 @@ END {
 	printf "tests %d\n", length(seen)
 	split("passed failed notrun expunged unfinished", kinds, " ")
 	for (k = 1; k <= 5; k++) printf "%s %d\n", kinds[k], c[kinds[k]] + 0
-	for (k = 2; k <= 5; k++) if (c[kinds[k]] > 0) printf "%s:%s\n", kinds[k], l[kinds[k]]
+	# Not-run tests are listed by reason below, not by name.
+	for (k = 2; k <= 5; k++) if (k != 3 && c[kinds[k]] > 0) printf "%s:%s\n", kinds[k], l[kinds[k]]
 }' "$out"
 
-# Not-run reasons, most frequent first.
+# Not-run reasons, most frequent first (the run's PID taken out of the
+# device names xfstests.sh gives, so that runs compare).
 echo "not-run reasons (count, reason):"
 find "$dir/results" -name '*.notrun' -print0 2>/dev/null |
-	xargs -0 -r -n 50 cat | sed 's/[[:space:]]*$//' | sort | uniq -c | sort -rn
+	xargs -0 -r -n 50 cat | sed -E 's/[[:space:]]*$//; s/(test|scratch)-[0-9]+/\1-PID/g' | sort | uniq -c | sort -rn
