@@ -40,7 +40,9 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "peer: %v\n", err)
 		os.Exit(1)
 	}
@@ -51,18 +53,20 @@ type multi []string
 func (m *multi) String() string     { return strings.Join(*m, " ") }
 func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
 
-func run() error {
-	server := flag.String("server", "ganesha", "ganesha or knfsd")
-	dirs := flag.String("dirs", "", "comma-separated directories to make in the export")
-	exportDir := flag.String("export-dir", "", "ganesha: the host directory to export (default: one in its run directory)")
-	appendArgs := flag.String("append", "", "knfsd: extra guest kernel command line (kpeer.*)")
-	logs := flag.String("logs", "", "copy the server's logs into this directory when it stops")
+// run starts the server, writes its variables and READY to stdout, and
+// stops the server once stdin ends or ctx is done.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
+	flags := flag.NewFlagSet("peer", flag.ContinueOnError)
+	server := flags.String("server", "ganesha", "ganesha or knfsd")
+	dirs := flags.String("dirs", "", "comma-separated directories to make in the export")
+	exportDir := flags.String("export-dir", "", "ganesha: the host directory to export (default: one in its run directory)")
+	appendArgs := flags.String("append", "", "knfsd: extra guest kernel command line (kpeer.*)")
+	logs := flags.String("logs", "", "copy the server's logs into this directory when it stops")
 	var env multi
-	flag.Var(&env, "env", "knfsd: a KPEER_* setting for test/kpeer/run.sh (repeatable)")
-	flag.Parse()
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer stop()
+	flags.Var(&env, "env", "knfsd: a KPEER_* setting for test/kpeer/run.sh (repeatable)")
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
 	var (
 		vars   []string
 		logFn  string
@@ -125,7 +129,7 @@ func run() error {
 			return fmt.Errorf("making %s in the export: %w", *dirs, err)
 		}
 	}
-	w := bufio.NewWriter(os.Stdout)
+	w := bufio.NewWriter(stdout)
 	for _, v := range vars {
 		fmt.Fprintln(w, v)
 	}
@@ -137,7 +141,7 @@ func run() error {
 	// Up until stdin closes or a signal comes.
 	eof := make(chan struct{})
 	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
+		_, _ = io.Copy(io.Discard, stdin)
 		close(eof)
 	}()
 	select {
