@@ -75,10 +75,12 @@ HELPER_TEXT='#!/bin/bash
 # mount(8) helper for fuse.rdmafs, installed by rdmafs scripts/xfstests.sh
 exec -a mount.fuse.rdmafs "${RDMAFS_BIN:-rdmafs}" "$@"'
 missing=()
-if [ "$(cat "$HELPER" 2>/dev/null)" != "$HELPER_TEXT" ]; then
-	if [ -e "$HELPER" ] && ! grep -qs 'installed by rdmafs scripts/xfstests.sh' "$HELPER"; then
-		die "$HELPER exists and is not ours: move it away (ours runs \$RDMAFS_BIN)"
-	fi
+if [ -e "$HELPER" ] && ! grep -qs 'installed by rdmafs scripts/xfstests.sh' "$HELPER"; then
+	# Someone's own helper, e.g. the README's symlink to rdmafs: fine if
+	# it is the binary asked for.
+	[ "$(readlink -f "$HELPER")" = "$RDMAFS_BIN" ] ||
+		die "$HELPER is not ours and not RDMAFS_BIN=$RDMAFS_BIN: move it away (ours runs \$RDMAFS_BIN)"
+elif [ "$(cat "$HELPER" 2>/dev/null)" != "$HELPER_TEXT" ]; then
 	missing+=(helper)
 fi
 getent passwd fsgqa >/dev/null || missing+=(user:fsgqa)
