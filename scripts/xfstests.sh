@@ -23,7 +23,7 @@
 #   TIME_LIMIT     stop ./check after this long (timeout(1) syntax, e.g. 90m)
 #   EXPORT_DIR     ganesha: the host directory to export (default: a fresh
 #                  one in /tmp; it is removed at the end)
-#   KNFSD_EXPORT_SIZE  knfsd: the guest's tmpfs export (default 1g)
+#   KNFSD_EXPORT_SIZE  knfsd: the size of the guest's export, kpeer.exportsize (default 1g)
 #
 # Needs root (ganesha.nfsd and xfstests do). It installs, if missing, the
 # mount(8) helper /sbin/mount.fuse.rdmafs, a three-line script that runs
