@@ -108,6 +108,10 @@ RESULTS=${RESULTS:-$ROOT/.xfstests/$(date -u +%Y%m%d-%H%M%S)-$SERVER}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 go build -o "$RESULTS/peer" ./test/peer || die "building test/peer failed"
+# The mounts run a copy of the binary: a rebuild of RDMAFS_BIN during the
+# run must not change what the later mounts run.
+cp "$RDMAFS_BIN" "$RESULTS/rdmafs"
+[ -L "$HELPER" ] || RDMAFS_BIN=$RESULTS/rdmafs
 export RDMAFS_REPO_ROOT=$ROOT
 TEST_MNT=$RESULTS/mnt/test SCRATCH_MNT=$RESULTS/mnt/scratch
 mkdir -p "$TEST_MNT" "$SCRATCH_MNT" "$RESULTS/results"
