@@ -279,7 +279,7 @@ func opSpecOf(op uint32) (opSpec, bool) {
 	case opReadDir:
 		return opSpec{name: "READDIR", cached: false, reply: 128}, true
 	case opReadLink:
-		return opSpec{name: "READLINK", cached: false, reply: 128}, true
+		return opSpec{name: "READLINK", cached: false, reply: 4224}, true
 	case opRemove:
 		return opSpec{name: "REMOVE", cached: true, reply: 128}, true
 	case opRename:

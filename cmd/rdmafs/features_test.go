@@ -291,6 +291,34 @@ func TestRemoveFreesSpace(t *testing.T) {
 	})
 }
 
+// TestLongSymlink reads back symbolic links whose targets fill PATH_MAX.
+// Over RPC-over-RDMA such a READLINK reply is larger than the inline
+// receive buffer: the call must offer a Reply chunk, or the reply breaks
+// the connection on every retransmission (xfstests generic/013 hung so).
+// The mount is soft so that a broken transport fails the readlink
+// instead of retrying for ever.
+func TestLongSymlink(t *testing.T) {
+	forEachKnfsd(t, true, func(t *testing.T, p peer) {
+		mnt := mount(t, p, "soft", "timeo=50", "retrans=1")
+		d := testDir(t, mnt)
+		defer os.RemoveAll(d)
+		for _, n := range []int{3900, 4095} {
+			target := strings.Repeat("x", n)
+			l := filepath.Join(d, "l"+strconv.Itoa(n))
+			if err := os.Symlink(target, l); err != nil {
+				t.Fatalf("symlink of %d bytes: %v", n, err)
+			}
+			got, err := os.Readlink(l)
+			if err != nil {
+				t.Fatalf("readlink of a %d-byte target: %v", n, err)
+			}
+			if got != target {
+				t.Errorf("readlink of a %d-byte target returned %d bytes", n, len(got))
+			}
+		}
+	})
+}
+
 // TestCloseToOpen writes a file through one mount and reads it through
 // another that has it cached: the open must see the new data and size
 // (close-to-open consistency), while attributes otherwise stay cached.
