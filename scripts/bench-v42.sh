@@ -32,7 +32,8 @@
 # knfsd copy mounts), COPY=0 (skip knfsd copy), GANESHA=0 (skip ganesha
 # sparse), KNFSD_SPARSE=1 (sparse read on knfsd too, over each of PROTOS),
 # EXPORTSIZE (knfsd export, default 3g), KPEER_MEM (guest MiB, default 4096),
-# VERIFY=1 (compare whole copies, not three MiB of them).
+# VERIFY=1 (compare whole copies, not three MiB of them), KNFSD_PORTS="T R S"
+# (use a knfsd guest already running with TCP, RDMA and shell ports T R S).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -55,7 +56,7 @@ cleanup() {
     grep -qs " $m " /proc/mounts && { "$BIN" umount "$m" || fusermount3 -u -z "$m"; }
   done
   [ -n "$GPID" ] && kill "$GPID" 2>/dev/null && wait "$GPID" 2>/dev/null
-  [ -n "$KRUN" ] && KPEER_RUN_DIR=$KRUN test/kpeer/stop.sh >/dev/null 2>&1
+  [ -n "$KRUN" ] && [ "$KRUN" != external ] && KPEER_RUN_DIR=$KRUN test/kpeer/stop.sh >/dev/null 2>&1
   rm -rf "$W"
 }
 trap cleanup EXIT
@@ -194,11 +195,16 @@ EOF
 fi
 
 if [ "${COPY:-1}" = 1 ] || [ "${KNFSD_SPARSE:-0}" = 1 ]; then
-  KRUN=$W/kpeer KTCP=$(freeport) KRDMA=$(freeport) KSHELL=$(freeport)
-  log "booting knfsd (KPEER_MEM=${KPEER_MEM:-4096}, export ${EXPORTSIZE})"
-  KPEER_RUN_DIR=$KRUN KPEER_TCP_PORT=$KTCP KPEER_RDMA_PORT=$KRDMA KPEER_SHELL_PORT=$KSHELL \
-    KPEER_MEM=${KPEER_MEM:-4096} KPEER_APPEND="${KPEER_APPEND:-} kpeer.exportsize=$EXPORTSIZE" KPEER_WATCH_PID=$$ \
-    test/kpeer/run.sh >"$W/kpeer.log" 2>&1 || { cat "$W/kpeer.log" >&2; exit 1; }
+  if [ -n "${KNFSD_PORTS:-}" ]; then # a guest already running: "tcp rdma shell" ports
+    read -r KTCP KRDMA KSHELL <<<"$KNFSD_PORTS"
+    KRUN=external
+  else
+    KRUN=$W/kpeer KTCP=$(freeport) KRDMA=$(freeport) KSHELL=$(freeport)
+    log "booting knfsd (KPEER_MEM=${KPEER_MEM:-4096}, export ${EXPORTSIZE})"
+    KPEER_RUN_DIR=$KRUN KPEER_TCP_PORT=$KTCP KPEER_RDMA_PORT=$KRDMA KPEER_SHELL_PORT=$KSHELL \
+      KPEER_MEM=${KPEER_MEM:-4096} KPEER_APPEND="${KPEER_APPEND:-} kpeer.exportsize=$EXPORTSIZE" KPEER_WATCH_PID=$$ \
+      test/kpeer/run.sh >"$W/kpeer.log" 2>&1 || { cat "$W/kpeer.log" >&2; exit 1; }
+  fi
   echo "knfsd guest: $(cat "$KRUN/accel" 2>/dev/null || echo '?') accel, export: $(gexec 'df -h /export | tail -1')"
   for proto in $PROTOS; do
     port=$KTCP; [ "$proto" = rdma ] && port=$KRDMA
