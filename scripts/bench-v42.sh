@@ -53,11 +53,12 @@ KRUN=
 cleanup() {
   set +e
   for m in "${MNTS[@]}"; do
-    grep -qs " $m " /proc/mounts && { "$BIN" umount "$m" || fusermount3 -u -z "$m"; }
+    grep -qs " $m " /proc/mounts && { timeout 120 "$BIN" umount "$m" || "$BIN" umount --lazy "$m"; }
   done
   [ -n "$GPID" ] && kill "$GPID" 2>/dev/null && wait "$GPID" 2>/dev/null
   [ -n "$KRUN" ] && [ "$KRUN" != external ] && KPEER_RUN_DIR=$KRUN test/kpeer/stop.sh >/dev/null 2>&1
-  rm -rf "$W"
+  # Never recurse into a mount that is still there.
+  if grep -qs " $W/" /proc/mounts; then echo "bench-v42: left $W (still mounted)" >&2; else rm -rf "$W"; fi
 }
 trap cleanup EXIT
 
@@ -81,10 +82,10 @@ dropcaches() {
   if [ -n "$KRUN" ]; then gexec 'sync; echo 3 >/proc/sys/vm/drop_caches' >/dev/null; fi
 }
 gexec() { KPEER_SHELL_PORT=$KSHELL python3 test/kpeer/tools/gexec.py "$@"; }
-mountit() { # mountit NAME OPTS SOURCE: prints the mountpoint
-  local d=$W/mnt-$1; mkdir -p "$d"
-  "$BIN" mount -o "$2" "$3" "$d" >&2
-  MNTS+=("$d"); echo "$d"
+mountit() { # mountit NAME OPTS SOURCE: mounts on $W/mnt-NAME, sets m (not in a subshell: MNTS must keep it)
+  m=$W/mnt-$1; mkdir -p "$m"
+  "$BIN" mount -o "$2" "$3" "$m" >&2
+  MNTS+=("$m")
 }
 RESULTS=$W/results   # lines: kind server proto round a_s b_s ratio
 : >"$RESULTS"
@@ -188,7 +189,7 @@ EOF
   dd if=/dev/urandom of="$E/dense" bs=1M count="$SIZE" status=none
   truncate -s "${SIZE}M" "$E/sparse"
   dd if=/dev/urandom of="$E/sparse" bs=1M count=1 seek=$((SIZE / 2)) conv=notrunc status=none
-  m=$(mountit ganesha-tcp "proto=tcp,port=$GPORT" "127.0.0.1:/export")
+  mountit ganesha-tcp "proto=tcp,port=$GPORT" "127.0.0.1:/export"
   "$BIN" stats "$m" | grep '^server:'
   sparse_rounds "$m" "ganesha/tcp" prepared
   "$BIN" umount "$m"
@@ -208,7 +209,7 @@ if [ "${COPY:-1}" = 1 ] || [ "${KNFSD_SPARSE:-0}" = 1 ]; then
   echo "knfsd guest: $(cat "$KRUN/accel" 2>/dev/null || echo '?') accel, export: $(gexec 'df -h /export | tail -1')"
   for proto in $PROTOS; do
     port=$KTCP; [ "$proto" = rdma ] && port=$KRDMA
-    m=$(mountit "knfsd-$proto" "proto=$proto,port=$port" "127.0.0.1:/")
+    mountit "knfsd-$proto" "proto=$proto,port=$port" "127.0.0.1:/"
     "$BIN" stats "$m" | grep '^server:'
     [ "${COPY:-1}" = 1 ] && copy_rounds "$m" "knfsd/$proto"
     if [ "${KNFSD_SPARSE:-0}" = 1 ]; then sparse_rounds "$m" "knfsd/$proto"; rm -f "$m/dense" "$m/sparse"; fi
