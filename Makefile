@@ -8,7 +8,7 @@ FUZZTIME    ?= 10s
 TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
 BIN         := bin/rdmafs
 
-.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount soak xfstests lint deps deps-packages demo demo-stop clean
+.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount bench-v42 soak xfstests lint deps deps-packages demo demo-stop clean
 
 all: build
 
@@ -20,6 +20,7 @@ help:
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make bench   data-path benchmarks"
 	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; RELAY=1: rdma-relay vs tcp-relay on ganesha; SIZE, ROUNDS; EXPORT=disk: ganesha on the disk, not tmpfs)"
+	@echo "make bench-v42  NFSv4.2 COPY vs read/write copy on knfsd, sparse (SEEK) vs dense read on ganesha; medians of alternating rounds (SIZE, ROUNDS, PROTOS; see scripts/bench-v42.sh)"
 	@echo "make soak    data-verification soak on each server and transport (DURATION=30m, PEERS, PARALLEL=1, CUT=60s, RESTART_CMD; see scripts/soak.sh)"
 	@echo "make xfstests XFSTESTS_DIR=/path/to/built/xfstests [TESTS='-g quick'] [SERVER=ganesha|knfsd-rdma|knfsd-tcp]  xfstests on an rdmafs mount (docs/xfstests.md)"
 	@echo "make lint    gofmt, go vet, staticcheck"
@@ -64,6 +65,9 @@ bench:
 
 bench-mount:
 	scripts/bench-mount.sh
+
+bench-v42:
+	scripts/bench-v42.sh
 
 # The long data-verification run; make test runs it for 20 s per peer.
 soak: deps build
