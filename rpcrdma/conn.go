@@ -382,6 +382,13 @@ func (c *conn) sendBuffer(ctx context.Context, pieces [][]byte) ([]byte, int, er
 // messages are posted, and so reach the peer, in that order. The send
 // queue owns buf until the Send completes. Called with c.mu held.
 func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
+	return c.postBindLocked(buf, n, nil)
+}
+
+// postBindLocked is postLocked for a call whose exposures (binds) are
+// bound on the queue pair ahead of its Send (verbs.SendWR.Bind: memory
+// windows on hardware). Called with c.mu held.
+func (c *conn) postBindLocked(buf []byte, n int, binds []*verbs.MemoryRegion) (uint64, error) {
 	if c.err != nil {
 		c.t.pool.Put(buf)
 		return 0, c.err
@@ -400,7 +407,7 @@ func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
 	sgl[0].Length = uint32(n)
 	c.nextWR++
 	wr := c.nextWR
-	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: sgl[:]}); err != nil {
+	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: sgl[:], Bind: binds}); err != nil {
 		c.t.pool.Put(buf)
 		c.sglFree = append(c.sglFree, sgl)
 		return 0, fmt.Errorf("rpcrdma: post send: %w", err)

@@ -50,6 +50,7 @@ type req struct {
 	pieces [][]byte // what the Send carries: transport header, then RPC message parts
 
 	regs      []*mrcache.Registration // exposures, invalidated before the reply is used
+	binds     []*verbs.MemoryRegion   // backs bindList, kept with the pooled req
 	owned     [][]byte                // transport buffers of this call, back to the pool at its end
 	bounceIn  [][]byte                // Write chunk segments standing in for a ReplyBulk outside the slab
 	writeOff  []Segment               // the Write chunk offered (empty: none), to check the reply's echo
@@ -337,6 +338,20 @@ const invalidateWait = 2 * time.Second
 // transport refuses further calls (ErrExposed).
 func (r *req) invalidate(c *conn) error {
 	return r.invalidateFirst(c, len(r.regs), false)
+}
+
+// bindList returns the regions of the call's exposures, for its Send to
+// bind (verbs.SendWR.Bind), or nil if it has none.
+func (r *req) bindList() []*verbs.MemoryRegion {
+	if len(r.regs) == 0 {
+		return nil
+	}
+	binds := r.binds[:0]
+	for _, reg := range r.regs {
+		binds = append(binds, reg.MR())
+	}
+	r.binds = binds
+	return binds
 }
 
 // maxRegs stands for "every exposure" in readFrom.

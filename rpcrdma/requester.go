@@ -268,7 +268,9 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	// buffer that the send queue owns, and a peer that never
 	// acknowledges the Send must not hold the call past its reply or its
 	// context.
-	r.seq, err = c.postLocked(buf, n)
+	// The call's exposures are bound ahead of its Send, on this
+	// connection's queue pair (memory windows on hardware).
+	r.seq, err = c.postBindLocked(buf, n, r.bindList())
 	c.mu.Unlock()
 	t.traceMarshal(r, vers)
 	if err != nil {

@@ -461,6 +461,11 @@ func (mr *MemoryRegion) HookAccess() Access { return mr.access }
 // domain's lock held): the region's STag before the call.
 func (mr *MemoryRegion) HookSTag() uint32 { return mr.stag }
 
+// HookParent is for RegistrationHook implementations (called with the
+// domain's lock held): the registered region a fast-registration region
+// is bound in (FastRegister), nil for other regions.
+func (mr *MemoryRegion) HookParent() *MemoryRegion { return mr.parent }
+
 // IsFast reports whether the region was made by AllocFastReg. It does not
 // lock (the property never changes).
 func (mr *MemoryRegion) IsFast() bool { return mr.fast }

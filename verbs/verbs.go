@@ -176,6 +176,14 @@ type SendWR struct {
 	RemoteSTag   uint32
 	RemoteOffset uint64
 	Length       uint32
+	// Bind lists fast-registration regions (FastRegister) whose binding
+	// the provider carries out on this queue pair ahead of the request,
+	// in the same post: a provider that exposes memory with type-2
+	// memory windows (verbs/ibverbs on rxe, mlx5) binds a window with a
+	// work request chained before the Send that offers it, and the
+	// window then works only through this queue pair. A provider that
+	// binds in FastRegister (WindowBinder not implemented) ignores it.
+	Bind []*MemoryRegion
 }
 
 // RecvWR is a receive queue work request: the buffer an inbound Send is
@@ -322,6 +330,16 @@ type DomainProvider interface {
 // reader): CopiedBytes returns how many bytes it copied so far.
 type CopyCounter interface {
 	CopiedBytes() uint64
+}
+
+// WindowBinder is implemented by a QueuePair whose provider binds
+// fast-registration regions with posted work requests (memory windows):
+// FastRegister only prepares the binding, and the region is reachable by
+// the peer once its bind was posted on the queue pair that carries the
+// peer's accesses, chained before a Send (SendWR.Bind) or alone
+// (BindWindows, which waits until the binds completed).
+type WindowBinder interface {
+	BindWindows(ctx context.Context, mrs ...*MemoryRegion) error
 }
 
 // Sentinel errors; test them with errors.Is.

@@ -41,6 +41,9 @@ func deviceCaps(p *ibverbs.Provider) verbstest.Caps {
 		// rxe completes an overlong receive with IBV_WC_LOC_QP_OP_ERR.
 		c.RecvTooLong = verbs.StatusRemoteOpErr
 	}
+	// Type-2 memory windows (rxe, mlx5) can be invalidated by the
+	// peer's Send With Invalidate on the queue pair they are bound on.
+	c.WindowInvalidate = p.MemoryWindows()
 	c.WriteRefused = verbs.StatusRemoteAccessErr
 	c.SendRefused = verbs.StatusRemoteOpErr
 	c.SendInvRefused = verbs.StatusRemoteOpErr

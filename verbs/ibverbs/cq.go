@@ -121,9 +121,17 @@ func (q *queuePair) deliver(w workCompletion) {
 	delete(q.wrs, w.wrID)
 	q.mu.Unlock()
 	if !ok {
+		if w.status != wcSuccess && w.status != wcWRFlushErr {
+			// An unsignaled window bind failed.
+			q.fail(fmt.Errorf("%w: a memory window bind failed (status %d)", verbs.ErrConnectionLost, w.status))
+		}
 		return
 	}
 	st := w.status
+	if info.internal() {
+		q.deliverInternal(info, st)
+		return
+	}
 	c := verbs.Completion{WRID: info.wrid, Status: mapStatus(st), Opcode: info.op}
 	if info.recv {
 		c.ByteLen = w.byteLen
@@ -138,6 +146,7 @@ func (q *queuePair) deliver(w workCompletion) {
 			// the protection domain (it checks only the domain, and
 			// only the key's index), so a slab chunk's key may be
 			// dead on the device now: it is registered again.
+			q.h.remoteInvalidated(c.InvalidatedSTag)
 			if err := q.pd.InvalidateRemote(c.InvalidatedSTag); err != nil {
 				q.fail(fmt.Errorf("%w: peer invalidated an STag we did not expose: %w", verbs.ErrTerminated, err))
 				c = verbs.Completion{WRID: info.wrid, Status: verbs.StatusRemoteOpErr, Opcode: verbs.OpRecv}
@@ -176,11 +185,30 @@ func (q *queuePair) flushAll() {
 	q.wrs = make(map[uint64]wrInfo)
 	q.mu.Unlock()
 	for _, info := range wrs {
+		if info.internal() {
+			q.deliverInternal(info, wcWRFlushErr)
+			continue
+		}
 		c := verbs.Completion{WRID: info.wrid, Status: verbs.StatusFlushed, Opcode: info.op}
 		if info.recv {
 			q.recvCQ.Push(c)
 		} else {
 			q.sendCQ.Push(c)
 		}
+	}
+}
+
+// deliverInternal ends a work request of the provider's own: a window's
+// local invalidation, or binds posted alone.
+func (q *queuePair) deliverInternal(info wrInfo, st int) {
+	ok := st == wcSuccess
+	if info.win != nil {
+		info.win.invalidated(ok)
+	}
+	if info.bound != nil {
+		info.bound <- ok
+	}
+	if !ok && st != wcWRFlushErr {
+		q.fail(fmt.Errorf("%w: a memory window bind or invalidation failed (status %d)", verbs.ErrConnectionLost, st))
 	}
 }

@@ -24,7 +24,7 @@ func newFakeDevice() *fakeDevice {
 	return &fakeDevice{live: make(map[uint32]*hwMR), dead: make(map[uint32]bool)}
 }
 
-func (d *fakeDevice) regMR(addr uintptr, n int, access verbs.Access) (*hwMR, error) {
+func (d *fakeDevice) regMR(addr uintptr, n int, access verbs.Access, _ bool) (*hwMR, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.next++

@@ -22,20 +22,25 @@
 // to the OS while the region still names them. RegisterMemory therefore
 // accepts only page-aligned memory of whole pages (the slab's chunks).
 //
-// Per-call exposure: userspace verbs have no fast-registration work
-// request (IB_WR_REG_MR is kernel-only; ibv_alloc_mr does not exist in
-// libibverbs), and siw has no memory windows. A fast-registration region
-// (verbs.ProtectionDomain.AllocFastReg) is therefore bound by an
-// ibv_reg_mr of exactly the call's bytes inside the already registered
-// slab, under a new key, and invalidated by ibv_dereg_mr; the peer can
-// never reach bytes outside the call, nor after its Invalidate. Remote
-// invalidation (Send With Invalidate) of such a region works on iWARP
-// devices (siw invalidates any STag of the protection domain, though its
-// userspace library, rdma-core 44, does not report the invalidation in
-// the receive completion, so the transport invalidates locally as well);
-// InfiniBand and RoCE devices refuse it for ibv_reg_mr regions, so
-// RemoteInvalidate reports false there and the transport must not offer
-// it.
+// Exposure of a call's bytes: userspace verbs have no fast-registration
+// work request (IB_WR_REG_MR is kernel-only; ibv_alloc_mr does not exist
+// in libibverbs). Where the device has type-2 memory windows (rxe, mlx5)
+// a fast-registration region (verbs.ProtectionDomain.AllocFastReg) is a
+// window: FastRegister prepares its bind to exactly the call's bytes under
+// a new key, the bind work request is chained before the Send that offers
+// it (verbs.SendWR.Bind) and a local invalidation work request ends it
+// (window.go). Elsewhere (siw has no memory windows) the region is bound
+// by an ibv_reg_mr of exactly the call's bytes inside the already
+// registered slab, under a new key, and invalidated by ibv_dereg_mr
+// (per-call registration, the default: windows only with RDMAFS_IBVERBS_WINDOWS set, since rxe does not bound accesses by the window). Either
+// way the peer can never reach bytes outside the call, nor after its
+// Invalidate. Remote invalidation (Send With Invalidate) of a per-call
+// registration works on iWARP devices (siw invalidates any STag of the
+// protection domain, though its userspace library, rdma-core 44, does not
+// report the invalidation in the receive completion, so the transport
+// invalidates locally as well); InfiniBand and RoCE devices refuse it for
+// ibv_reg_mr regions, so RemoteInvalidate reports false there and the
+// transport must not offer it.
 //
 // siw carries out a Send With Invalidate before software sees it, on any
 // STag of the protection domain whose index matches, offered or not: a

@@ -28,7 +28,8 @@ func (p *Provider) NewProtectionDomain() *verbs.ProtectionDomain {
 }
 
 func newHook(p *Provider, dev device) *hook {
-	return &hook{p: p, dev: dev, regs: make(map[*verbs.MemoryRegion]*hwMR)}
+	return &hook{p: p, dev: dev, regs: make(map[*verbs.MemoryRegion]*hwMR),
+		windows: p != nil && p.windows, wins: make(map[*verbs.MemoryRegion]*window)}
 }
 
 // hwMR is a device registration backing a verbs.MemoryRegion.
@@ -42,15 +43,21 @@ type hwMR struct {
 // device is what the hook asks of the RDMA device: the registration
 // system calls (tests stand in a device whose calls fail on demand).
 type device interface {
-	regMR(addr uintptr, n int, access verbs.Access) (*hwMR, error)
+	regMR(addr uintptr, n int, access verbs.Access, bind bool) (*hwMR, error)
 	deregMR(r *hwMR) error
 }
 
 // cDevice registers with libibverbs on a protection domain.
 type cDevice struct{ pd *C.struct_ibv_pd }
 
-func (d cDevice) regMR(addr uintptr, n int, access verbs.Access) (*hwMR, error) {
-	m := C.reg_mr(d.pd, C.uintptr_t(addr), C.size_t(n), ibvAccess(access))
+func (d cDevice) regMR(addr uintptr, n int, access verbs.Access, bind bool) (*hwMR, error) {
+	f := ibvAccess(access)
+	if bind {
+		// Memory windows are bound in it (C10-74: a window granting
+		// remote write needs local write in the region).
+		f |= C.IBV_ACCESS_MW_BIND | C.IBV_ACCESS_LOCAL_WRITE
+	}
+	m := C.reg_mr(d.pd, C.uintptr_t(addr), C.size_t(n), f)
 	if m == nil {
 		errno := syscall.Errno(C.errno_of())
 		if errno == syscall.ENOMEM {
@@ -81,11 +88,18 @@ type hook struct {
 	// only).
 	epoch atomic.Uint64
 	recMu sync.Mutex
+	// windows: fast-registration regions are type-2 memory windows
+	// (window.go), fixed when the domain is made; wins holds them
+	// (guarded by mu), binds counts the binds posted.
+	windows bool
+	wins    map[*verbs.MemoryRegion]*window
+	binds   atomic.Uint64
 }
 
 var (
 	_ verbs.RegistrationHook = (*hook)(nil)
 	_ verbs.RemoteAddresser  = (*hook)(nil)
+	_ verbs.Quiescer         = (*hook)(nil)
 )
 
 func ibvAccess(a verbs.Access) C.int {
@@ -118,7 +132,7 @@ func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
 	}
 	// A fast region is bound inside a registered slab chunk (checked by
 	// verbs.FastRegister), so it too names only slab memory.
-	r, err := h.dev.regMR(addr, len(buf), access)
+	r, err := h.dev.regMR(addr, len(buf), access, h.windows && !mr.IsFast())
 	if err != nil {
 		return 0, err
 	}
@@ -206,23 +220,45 @@ func (h *hook) Register(mr *verbs.MemoryRegion) (uint32, error) {
 	return h.reg(mr)
 }
 
-// Reregister binds the region (again) under a new key.
+// Reregister binds the region (again) under a new key: a window's bind
+// is prepared, to be posted before the Send that offers it.
 func (h *hook) Reregister(mr *verbs.MemoryRegion) (uint32, error) {
+	if h.windows && mr.IsFast() {
+		return h.prepareWindow(mr)
+	}
 	if err := h.dereg(mr); err != nil {
 		return 0, err
 	}
 	return h.reg(mr)
 }
 
-// Invalidate ends the region's key: deregistering is the invalidation.
-func (h *hook) Invalidate(mr *verbs.MemoryRegion) error { return h.dereg(mr) }
+// Invalidate ends the region's key: deregistering is the invalidation,
+// or, for a window, a local invalidation posted on its queue pair.
+func (h *hook) Invalidate(mr *verbs.MemoryRegion) error {
+	if w := h.window(mr); w != nil {
+		w.invalidate()
+		return nil
+	}
+	return h.dereg(mr)
+}
 
 // Deregister releases the region.
-func (h *hook) Deregister(mr *verbs.MemoryRegion) error { return h.dereg(mr) }
+func (h *hook) Deregister(mr *verbs.MemoryRegion) error {
+	if h.windows && mr.IsFast() {
+		h.dropWindow(mr)
+		return nil
+	}
+	return h.dereg(mr)
+}
 
 // RemoteAddr is the virtual address the device names the region's first
 // byte by.
 func (h *hook) RemoteAddr(mr *verbs.MemoryRegion) uint64 {
+	if w := h.window(mr); w != nil {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return uint64(w.addr)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if r := h.regs[mr]; r != nil {

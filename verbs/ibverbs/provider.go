@@ -16,6 +16,7 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"syscall"
 	"time"
 	"unsafe"
@@ -66,6 +67,10 @@ type Provider struct {
 	maxCQE  int
 	maxRD   int // max_qp_rd_atom (IRD)
 	maxIRD  int // max_qp_init_rd_atom (ORD)
+	// windows: the device has type-2 memory windows and the domains
+	// made from now on expose calls' bytes with them (window.go).
+	windows   bool
+	windowCap bool
 }
 
 var (
@@ -118,6 +123,14 @@ func Open(name string) (*Provider, error) {
 	p.maxCQE = int(attr.max_cqe)
 	p.maxRD = int(attr.max_qp_rd_atom)
 	p.maxIRD = int(attr.max_qp_init_rd_atom)
+	p.windowCap = attr.max_mw > 0 && attr.device_cap_flags&(C.IBV_DEVICE_MEM_WINDOW_TYPE_2A|C.IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0
+	// Off unless asked for: rxe (Linux 6.1) checks an RDMA access
+	// through a window against the bounds of the region it is bound in,
+	// not the window's, so the peer could reach the whole slab chunk
+	// (the conformance suite's WritePastWindow, WriteBeforeWindow and
+	// ReadPastWindow pass through), and a Send With Invalidate of a
+	// window brought the guest's kernel down.
+	p.windows = p.windowCap && os.Getenv(EnvWindows) != ""
 	raiseMemlock()
 	p.pd = C.ibv_alloc_pd(p.ctx)
 	if p.pd == nil {
@@ -153,6 +166,29 @@ func (p *Provider) Close() error {
 		p.pd = nil
 	}
 	return nil
+}
+
+// EnvWindows, set to anything, makes Open choose memory windows where
+// the device has them; by default it uses per-call registration.
+const EnvWindows = "RDMAFS_IBVERBS_WINDOWS"
+
+// MemoryWindows reports whether the protection domains made from now on
+// expose memory with type-2 memory windows bound by posted work requests
+// (true where the device has them, unless switched off), rather than by
+// per-call registration.
+func (p *Provider) MemoryWindows() bool { return p.windows }
+
+// SetMemoryWindows switches memory windows on (where the device has them)
+// or off for the protection domains made from now on.
+func (p *Provider) SetMemoryWindows(on bool) { p.windows = on && p.windowCap }
+
+// WindowBinds returns how many memory-window binds the queue pairs of pd
+// posted (0 when pd does not use windows).
+func WindowBinds(pd *verbs.ProtectionDomain) uint64 {
+	if h, ok := verbs.HookOf(pd).(*hook); ok {
+		return h.binds.Load()
+	}
+	return 0
 }
 
 // Device returns the device in use.

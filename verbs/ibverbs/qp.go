@@ -5,26 +5,29 @@ package ibverbs
 /*
 #include "helpers.h"
 
-static int post_send(struct ibv_qp *qp, uint64_t wrid, int opcode, int flags, struct ibv_sge *sge, int nsge,
-		uint32_t inv_rkey, uint64_t raddr, uint32_t rkey) {
-	struct ibv_send_wr wr, *bad;
-	memset(&wr, 0, sizeof wr);
-	wr.wr_id = wrid;
-	wr.opcode = opcode;
-	wr.send_flags = flags;
-	wr.sg_list = nsge ? sge : NULL;
-	wr.num_sge = nsge;
+static int post_send(struct ibv_qp *qp, const struct bind_arg *b, int nb, uint64_t wrid, int opcode, int flags,
+		struct ibv_sge *sge, int nsge, uint32_t inv_rkey, uint64_t raddr, uint32_t rkey) {
+	struct ibv_send_wr wrs[MAX_BINDS + 1], *bad;
+	if (nb < 0 || nb > MAX_BINDS) return EINVAL;
+	fill_binds(wrs, b, nb);
+	struct ibv_send_wr *w = &wrs[nb];
+	memset(w, 0, sizeof *w);
+	w->wr_id = wrid;
+	w->opcode = opcode;
+	w->send_flags = flags;
+	w->sg_list = nsge ? sge : NULL;
+	w->num_sge = nsge;
 	if (opcode == IBV_WR_SEND_WITH_INV) {
-		wr.invalidate_rkey = inv_rkey;
+		w->invalidate_rkey = inv_rkey;
 		// libsiw (rdma-core 44) sends the STag in wr.rdma.rkey, not
 		// invalidate_rkey; other providers ignore wr.rdma for a Send.
-		wr.wr.rdma.rkey = inv_rkey;
+		w->wr.rdma.rkey = inv_rkey;
 	}
 	if (opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_READ) {
-		wr.wr.rdma.remote_addr = raddr;
-		wr.wr.rdma.rkey = rkey;
+		w->wr.rdma.remote_addr = raddr;
+		w->wr.rdma.rkey = rkey;
 	}
-	return ibv_post_send(qp, &wr, &bad);
+	return ibv_post_send(qp, &wrs[0], &bad);
 }
 
 static int post_recv(struct ibv_qp *qp, uint64_t wrid, struct ibv_sge *sge, int nsge) {
@@ -77,7 +80,15 @@ type wrInfo struct {
 	recv  bool
 	n     uint32
 	epoch uint64 // the hook's key epoch when posted (recoverKeys)
+	// Work requests of the provider's own, not the caller's: a local
+	// invalidation of a window, or binds posted alone (BindWindows,
+	// told whether they succeeded).
+	win   *window
+	bound chan bool
 }
+
+// internal reports whether the work request is the provider's own.
+func (i wrInfo) internal() bool { return i.win != nil || i.bound != nil }
 
 // queuePair is an RC queue pair connected with RDMA-CM.
 type queuePair struct {
@@ -211,6 +222,12 @@ func (q *queuePair) PostSend(wr verbs.SendWR) error {
 		flags |= C.IBV_SEND_SOLICITED
 	}
 	n := uint32(verbs.SGLLen(wr.SGL))
+	var binds [C.MAX_BINDS]C.struct_bind_arg
+	ws, err := q.bindArgs(wr.Bind, binds[:])
+	if err != nil {
+		return fmt.Errorf("ibverbs: post send: %w", err)
+	}
+	defer unlockWindows(ws)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.err != nil {
@@ -219,10 +236,20 @@ func (q *queuePair) PostSend(wr verbs.SendWR) error {
 	}
 	q.nextID++
 	id := q.nextID
-	rc := C.post_send(q.qp, C.uint64_t(id), op, flags, &sge[0], C.int(len(wr.SGL)),
+	rc := C.post_send(q.qp, &binds[0], C.int(len(ws)), C.uint64_t(id), op, flags, &sge[0], C.int(len(wr.SGL)),
 		C.uint32_t(wr.InvalidateSTag), C.uint64_t(wr.RemoteOffset), C.uint32_t(wr.RemoteSTag))
 	if rc != 0 {
+		// Binds before the failing request may have been posted:
+		// deallocating the windows ends them.
+		for _, w := range ws {
+			w.deallocLocked()
+			w.state = winFree
+		}
 		return fmt.Errorf("%w: ibv_post_send: %w", verbs.ErrInvalidWR, syscall.Errno(rc))
+	}
+	if len(ws) > 0 {
+		q.boundLocked(ws)
+		q.h.binds.Add(uint64(len(ws)))
 	}
 	q.wrs[id] = wrInfo{wrid: wr.WRID, op: wr.Opcode, n: n, epoch: epoch}
 	return nil

@@ -75,17 +75,17 @@ func testRemoteAccessDenied(t *testing.T, tg *Target) {
 		}, nil},
 		{"WritePastWindow", func(e *denyEnv) access {
 			target, b := region(e.t, e.s.PD(), 2*4096, guard, lw)
-			w := window(e.t, target, 100, 1000, lw|rw)
+			w := window(e.t, e.s, target, 100, 1000, lw|rw)
 			return access{true, w.STag(), w.RemoteAddr(), 1001, b}
 		}, nil},
 		{"WriteBeforeWindow", func(e *denyEnv) access {
 			target, b := region(e.t, e.s.PD(), 2*4096, guard, lw)
-			w := window(e.t, target, 100, 1000, lw|rw)
+			w := window(e.t, e.s, target, 100, 1000, lw|rw)
 			return access{true, w.STag(), w.RemoteAddr() - 1, 2, b}
 		}, nil},
 		{"ReadPastWindow", func(e *denyEnv) access {
 			target, _ := region(e.t, e.s.PD(), 2*4096, guard, lw)
-			w := window(e.t, target, 100, 1000, rr)
+			w := window(e.t, e.s, target, 100, 1000, rr)
 			return access{false, w.STag(), w.RemoteAddr() + 999, 2, nil}
 		}, nil},
 		{"WriteWithoutRight", func(e *denyEnv) access {
@@ -115,7 +115,7 @@ func testRemoteAccessDenied(t *testing.T, tg *Target) {
 		}, nil},
 		{"WriteAfterWindowInvalidate", func(e *denyEnv) access {
 			target, b := region(e.t, e.s.PD(), 2*4096, guard, lw)
-			w := window(e.t, target, 100, 1000, lw|rw)
+			w := window(e.t, e.s, target, 100, 1000, lw|rw)
 			stag, addr := w.STag(), w.RemoteAddr()
 			e.warmWrite(stag, addr, 1000)
 			if err := w.Invalidate(); err != nil {
@@ -125,7 +125,7 @@ func testRemoteAccessDenied(t *testing.T, tg *Target) {
 		}, nil},
 		{"ReadAfterWindowInvalidate", func(e *denyEnv) access {
 			target, _ := region(e.t, e.s.PD(), 2*4096, guard, lw)
-			w := window(e.t, target, 100, 1000, rr)
+			w := window(e.t, e.s, target, 100, 1000, rr)
 			stag, addr := w.STag(), w.RemoteAddr()
 			e.warmRead(stag, addr, 1000)
 			if err := w.Invalidate(); err != nil {
@@ -221,7 +221,7 @@ func testSendWithInvalidate(t *testing.T, tg *Target) {
 	e.recv, _ = region(t, s.PD(), 4096, 0, lw)
 	rbuf, rb := region(t, s.PD(), 4096, 0, lw)
 	target, tb := region(t, s.PD(), 2*4096, guard, lw)
-	w := window(t, target, 100, 1000, lw|rw)
+	w := window(t, s, target, 100, 1000, lw|rw)
 	plain, _ := region(t, s.PD(), 4096, guard, lw|rw)
 	src, sbuf := region(t, c.PD(), 4096, 0, 0)
 	copy(sbuf, "reply")
@@ -231,7 +231,7 @@ func testSendWithInvalidate(t *testing.T, tg *Target) {
 	stag, addr := w.STag(), w.RemoteAddr()
 	postRecv(t, s, 1, rbuf, 0, 64)
 	postSend(t, c, verbs.SendWR{WRID: 1, Opcode: verbs.OpSendWithInvalidate, InvalidateSTag: stag, SGL: []verbs.SGE{{MR: src, Length: 5}}})
-	if !tg.Caps.RemoteInvalidate {
+	if !tg.Caps.RemoteInvalidate && !tg.Caps.WindowInvalidate {
 		rc := PollOne(t, s.RecvCQ())
 		Expect(t, rc, 1, tg.Caps.SendInvRefused, verbs.OpRecv)
 		broken(t, s, "receiver")
@@ -258,6 +258,17 @@ func testSendWithInvalidate(t *testing.T, tg *Target) {
 	}
 	if w.Valid() || s.PD().LiveRemoteRegions() != 1 {
 		t.Fatalf("window valid %v after remote invalidation, %d live remote regions", w.Valid(), s.PD().LiveRemoteRegions())
+	}
+	if !tg.Caps.RemoteInvalidate {
+		// Windows only: registered memory is refused.
+		postRecv(t, s, 2, rbuf, 0, 64)
+		postSend(t, c, verbs.SendWR{WRID: 2, Opcode: verbs.OpSendWithInvalidate, InvalidateSTag: plain.STag(), SGL: []verbs.SGE{{MR: src, Length: 1}}})
+		Expect(t, PollOne(t, s.RecvCQ()), 2, tg.Caps.SendInvRefused, verbs.OpRecv)
+		broken(t, s, "receiver")
+		if !plain.Valid() {
+			t.Fatal("registered memory was invalidated although the provider says it cannot be")
+		}
+		return
 	}
 	// The solicited form, for a region of registered memory.
 	postRecv(t, s, 2, rbuf, 0, 64)

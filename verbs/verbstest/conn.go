@@ -36,7 +36,7 @@ func testPostErrors(t *testing.T, tg *Target) {
 	if err := dead.Deregister(); err != nil {
 		t.Fatal(err)
 	}
-	fast := window(t, own, 0, 8, lw|rw)
+	fast := window(t, c, own, 0, 8, lw|rw)
 	sge := func(mr *verbs.MemoryRegion, off uint64, n uint32) []verbs.SGE {
 		return []verbs.SGE{{MR: mr, Offset: off, Length: n}}
 	}

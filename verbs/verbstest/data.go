@@ -186,7 +186,7 @@ func testFastRegWindow(t *testing.T, tg *Target) {
 		for j := range tbuf {
 			tbuf[j] = guard
 		}
-		w := window(t, target, uint64(b.off), b.n, all)
+		w := window(t, s, target, uint64(b.off), b.n, all)
 		n := min(b.n, len(sbuf))
 		// Write the window's last n bytes, read them back.
 		at := w.RemoteAddr() + uint64(b.n-n)

@@ -64,6 +64,11 @@ type Caps struct {
 	// InfiniBand and RoCE devices invalidate only fast-registration
 	// regions and memory windows, which userspace verbs cannot make).
 	RemoteInvalidate bool
+	// WindowInvalidate: a received Send With Invalidate invalidates a
+	// memory window bound on the queue pair (InfiniBand and RoCE
+	// type-2 windows), while regions of registered memory stay refused
+	// (SendInvRefused).
+	WindowInvalidate bool
 	// SendInvRefused is the receive status when RemoteInvalidate is
 	// false and a Send With Invalidate arrives.
 	SendInvRefused verbs.Status
@@ -243,8 +248,10 @@ func region(t testing.TB, pd *verbs.ProtectionDomain, n int, fill byte, access v
 	return reg(t, pd, buf, access), buf
 }
 
-// window binds a fast-registration region to [off, off+n) of target.
-func window(t testing.TB, target *verbs.MemoryRegion, off uint64, n int, access verbs.Access) *verbs.MemoryRegion {
+// window binds a fast-registration region to [off, off+n) of target, for
+// the peer of qp (a provider with memory windows binds it on qp,
+// verbs.WindowBinder).
+func window(t testing.TB, qp verbs.QueuePair, target *verbs.MemoryRegion, off uint64, n int, access verbs.Access) *verbs.MemoryRegion {
 	t.Helper()
 	w, err := target.PD().AllocFastReg()
 	if err != nil {
@@ -253,6 +260,11 @@ func window(t testing.TB, target *verbs.MemoryRegion, off uint64, n int, access 
 	t.Cleanup(func() { _ = w.Deregister() })
 	if _, err := w.FastRegister(target, off, n, access); err != nil {
 		t.Fatalf("fast register [%d, +%d): %v", off, n, err)
+	}
+	if wb, ok := qp.(verbs.WindowBinder); ok {
+		if err := wb.BindWindows(context.Background(), w); err != nil {
+			t.Fatalf("bind window [%d, +%d): %v", off, n, err)
+		}
 	}
 	return w
 }
