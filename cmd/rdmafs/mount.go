@@ -72,8 +72,9 @@ which override -o):
    proto=tcp|rdma        transport (default tcp)
    port=N                server port (default 2049 for tcp, 20049 for
                          rdma); also server:PORT:/export
-   vers=4.1              the only version spoken (nfsvers= too); anything
-                         else is an error
+   vers=4|4.2|4.1        NFS minor version (nfsvers= too); 4 (default)
+                         speaks 4.2 and falls back to 4.1 if the server
+                         lacks it; anything else is an error
    rsize=N, wsize=N      largest READ/WRITE in bytes, 4096 to 16777216
                          (default 1048576, lowered to the session's limits)
    timeo=N               RPC timeout in tenths of a second (default 600)
