@@ -1,8 +1,10 @@
-// Package nfsclient is an NFSv4.1 client (RFC 8881): the client ID and
+// Package nfsclient is an NFSv4.2 client with NFSv4.1 as its fallback
+// (RFC 7862, RFC 8881, RFC 8276 extended attributes): the client ID and
 // session (EXCHANGE_ID, CREATE_SESSION, SEQUENCE slots), the operations a
 // file system needs as COMPOUNDs shaped like the Linux client's, open
 // state, the callback service on the back channel, and recovery from lost
-// sessions and client IDs.
+// sessions and client IDs. The operations' XDR is generated from
+// nfs4.x (go generate).
 //
 // It talks to the server through an oncrpc.Transport, so the same client
 // runs over TCP and over RPC-over-RDMA; it never imports either.

@@ -230,7 +230,7 @@ func TestReadOnlyMount(t *testing.T) {
 	})
 }
 
-// TestNoSpaceReported fills knfsd's 256 MiB tmpfs export (the only
+// TestNoSpaceReported fills knfsd's 256 MiB ext4 export (the only
 // export small enough to fill): the error of the buffered UNSTABLE
 // WRITEs must reach the writer (at write or close).
 func TestNoSpaceReported(t *testing.T) {
