@@ -99,6 +99,7 @@ func (c *Client) send(ctx context.Context, cred oncrpc.Credential, cp *compound,
 	}
 	x.start = time.Now()
 	x.call = cp.call()
+	s.slots.noteSent(slot, cp.xid, mainOpCode(cp.ops), x.start)
 	rep, err := c.rpc.Do(ctx, x.call)
 	if err != nil {
 		// The server may or may not have executed the request; an

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // slotTable is the client side of a session's fore channel slot table
@@ -18,6 +20,19 @@ type slotTable struct {
 	target   int    // highest slot ID the server wants used
 	highest  int    // highest slot ID in use, for sa_highest_slotid
 	wake     chan struct{}
+
+	// use says what each busy slot carries, for "rdmafs stats"; written
+	// without the lock (atomics), so that the hot path stays cheap.
+	use     []slotUse
+	waiting atomic.Int32 // callers waiting for a free slot
+}
+
+// slotUse is the call a slot carries: its XID, its main operation and
+// when it was sent (UnixNano; 0 when the slot is idle).
+type slotUse struct {
+	xid   atomic.Uint32
+	op    atomic.Uint32
+	start atomic.Int64
 }
 
 func newSlotTable(n int) *slotTable {
@@ -25,6 +40,7 @@ func newSlotTable(n int) *slotTable {
 		seq:      make([]uint32, n),
 		busy:     make([]bool, n),
 		poisoned: make([]bool, n),
+		use:      make([]slotUse, n),
 		target:   n - 1,
 		wake:     make(chan struct{}),
 	}
@@ -62,9 +78,12 @@ func (t *slotTable) acquire(ctx context.Context) (slot int, seq uint32, highest 
 		if !usable {
 			return 0, 0, 0, errNoSlots
 		}
+		t.waiting.Add(1)
 		select {
 		case <-wake:
+			t.waiting.Add(-1)
 		case <-ctx.Done():
+			t.waiting.Add(-1)
 			return 0, 0, 0, ctx.Err()
 		}
 	}
@@ -75,6 +94,7 @@ func (t *slotTable) acquire(ctx context.Context) (slot int, seq uint32, highest 
 // the slot is retired (RFC 8881 s2.10.6.1.2: reusing it risks a false
 // retry). target is the server's sr_target_highest_slotid, or -1.
 func (t *slotTable) release(slot int, done, unknown bool, target int) {
+	t.use[slot].start.Store(0)
 	t.mu.Lock()
 	t.busy[slot] = false
 	if done {
@@ -92,4 +112,51 @@ func (t *slotTable) release(slot int, done, unknown bool, target int) {
 	close(t.wake)
 	t.wake = make(chan struct{})
 	t.mu.Unlock()
+}
+
+// noteSent records the call now on slot.
+func (t *slotTable) noteSent(slot int, xid, op uint32, start time.Time) {
+	u := &t.use[slot]
+	u.xid.Store(xid)
+	u.op.Store(op)
+	u.start.Store(start.UnixNano())
+}
+
+// InFlight is one COMPOUND the server has not answered yet.
+type InFlight struct {
+	Slot int
+	XID  uint32
+	Op   string // the compound's main operation, as in the per-op statistics
+	Age  time.Duration
+}
+
+// SlotState is what the fore channel's slot table holds at one moment.
+type SlotState struct {
+	Slots    int // slots the session has
+	Target   int // the server's target_highest_slotid
+	Poisoned int // slots retired because a call's outcome was unknown
+	Waiting  int // calls waiting for a free slot
+	InFlight []InFlight
+}
+
+func (t *slotTable) state() SlotState {
+	st := SlotState{Slots: len(t.busy), Waiting: int(t.waiting.Load())}
+	t.mu.Lock()
+	st.Target = t.target
+	for i := range t.busy {
+		if t.poisoned[i] {
+			st.Poisoned++
+		}
+	}
+	t.mu.Unlock()
+	now := time.Now()
+	for i := range t.use {
+		u := &t.use[i]
+		start := u.start.Load()
+		if start == 0 {
+			continue
+		}
+		st.InFlight = append(st.InFlight, InFlight{Slot: i, XID: u.xid.Load(), Op: opName(u.op.Load()), Age: now.Sub(time.Unix(0, start))})
+	}
+	return st
 }

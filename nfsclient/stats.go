@@ -40,18 +40,30 @@ func (s *Stats) init() { s.ops = make(map[string]*opStats) }
 
 // mainOp names a COMPOUND by its first operation that is not SEQUENCE or
 // a file handle operation.
-func mainOp(ops []uint32) string {
+func mainOp(ops []uint32) string { return opName(mainOpCode(ops)) }
+
+func mainOpCode(ops []uint32) uint32 {
 	for _, op := range ops {
 		switch op {
 		case opSequence, opPutFH, opPutRootFH, opSaveFH, opRestoreFH:
 			continue
 		}
-		return opName(op)
+		return op
 	}
 	if len(ops) == 1 {
-		return opName(ops[0])
+		return ops[0]
 	}
-	return "SEQUENCE"
+	return opSequence
+}
+
+// Slots reports the current session's fore channel slots and the calls
+// on them; ok is false when there is no session.
+func (c *Client) Slots() (st SlotState, ok bool) {
+	s := c.sess.Load()
+	if s == nil {
+		return st, false
+	}
+	return s.slots.state(), true
 }
 
 func (s *Stats) record(ops []uint32, d time.Duration, sent int, err error) {

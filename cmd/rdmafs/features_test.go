@@ -469,3 +469,49 @@ func TestStatsMinorVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsCallsInFlight: with the server silent, "rdmafs stats" shows
+// the unanswered call on its slot with its age, and "rdmafs stats
+// --stacks" shows the serving process's goroutines, the one waiting for
+// the reply among them.
+func TestStatsCallsInFlight(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	host, gport := splitAddr(t, g.Addr)
+	bh := newBlackhole(t, host+":"+gport)
+	_, port, _ := net.SplitHostPort(bh.ln.Addr().String())
+	mnt := mount(t, peer{name: "ganesha", host: "127.0.0.1", port: port, export: g.Export}, "soft", "timeo=100", "retrans=1", "actimeo=0")
+	d := testDir(t, mnt)
+	sh(t, time.Minute, "echo x > "+d+"/f")
+	bh.dropped.Store(true)
+	stat := exec.Command("stat", d+"/f")
+	if err := stat.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		bh.dropped.Store(false)
+		stat.Wait() // soft: fails within timeo x (retrans+1) = 20 s
+	}()
+	inFlight := regexp.MustCompile(`(?m)^  slot \d+ xid 0x[0-9a-f]{8} GETATTR for \d`)
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var code int
+		out, code = runBin(t, time.Minute, "stats", mnt)
+		if code != 0 {
+			t.Fatalf("rdmafs stats: exit %d: %s", code, out)
+		}
+		if inFlight.MatchString(out) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no GETATTR in flight in rdmafs stats while the server is silent:\n%s", out)
+		}
+		time.Sleep(100 * time.Millisecond) // polling interval
+	}
+	if !regexp.MustCompile(`(?m)^slots: \d+ target=\d+ retired=0 in_flight=[1-9]`).MatchString(out) {
+		t.Errorf("rdmafs stats: no slots line with a call in flight:\n%s", out)
+	}
+	stacks, code := runBin(t, time.Minute, "stats", "--stacks", mnt)
+	if code != 0 || !strings.Contains(stacks, "goroutine ") || !strings.Contains(stacks, "nfsclient.(*Client).send") {
+		t.Errorf("rdmafs stats --stacks: exit %d, no goroutine in nfsclient send:\n%.2000s", code, stacks)
+	}
+}

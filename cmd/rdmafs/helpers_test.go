@@ -210,6 +210,17 @@ func mountWith(t *testing.T, p peer, flags []string, opts ...string) string {
 	return dir
 }
 
+// dumpHungMount logs what the mount on dir is doing: its goroutines'
+// stacks, then its statistics (the calls in flight on the session's
+// slots), last so that the end of a long log shows them.
+func dumpHungMount(t *testing.T, dir string) {
+	if out, code := runBin(t, time.Minute, "stats", "--stacks", dir); code == 0 {
+		t.Logf("rdmafs stats --stacks %s:\n%s", dir, out)
+	}
+	out, _ := runBin(t, time.Minute, "stats", dir)
+	t.Logf("rdmafs stats %s:\n%s", dir, out)
+}
+
 // servingPIDOf asks the mount's stats socket for the serving process.
 func servingPIDOf(t *testing.T, dir string) int {
 	pid, ok := servingPID(dir)

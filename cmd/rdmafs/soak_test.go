@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,7 +191,28 @@ func TestSoak(t *testing.T) {
 		const hangAfter = 5 * time.Minute
 		runCtx, cancelRun := context.WithTimeout(ctx, s.duration+hangAfter)
 		start := time.Now()
+		ranOut := make(chan struct{})
+		wg.Go(func() {
+			// A worker blocked in a FUSE request cannot be killed: the
+			// kernel waits for rdmafs's answer. Show what the mounts wait
+			// for, then end them, so that the workers' requests fail.
+			select {
+			case <-ranOut:
+				return
+			case <-runCtx.Done():
+			}
+			select {
+			case <-ranOut:
+				return
+			case <-time.After(10 * time.Second):
+			}
+			for i, m := range []string{mntA, mntB} {
+				dumpHungMount(t, m)
+				syscall.Kill(pids[i], syscall.SIGKILL)
+			}
+		})
 		res, err := soak.Run(runCtx, cfg)
+		close(ranOut)
 		if runCtx.Err() != nil {
 			err = fmt.Errorf("workers still running %v after the end of the run, killed (hung operations are reported above as stalls): %w", hangAfter, err)
 		}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,8 +49,7 @@ func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *ato
 			if err != nil {
 				return
 			}
-			writeStats(conn, o, m, t, retrans, start)
-			conn.Close()
+			serveStats(conn, o, m, t, retrans, start)
 		}
 	}()
 	return &statsServer{ln: ln}, nil
@@ -57,6 +57,26 @@ func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *ato
 
 func (s *statsServer) Close() {
 	s.ln.Close() // removes the socket file
+}
+
+// The stats socket's requests: a client writes one line, then reads the
+// answer until EOF. A client that writes nothing gets the statistics.
+const (
+	statsRequest  = "stats"
+	stacksRequest = "stacks" // every goroutine's stack, for a hung mount
+)
+
+func serveStats(conn net.Conn, o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *atomic.Uint64, start time.Time) {
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	line, _ := bufio.NewReader(io.LimitReader(conn, 64)).ReadString('\n')
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	if strings.TrimSpace(line) == stacksRequest {
+		fmt.Fprintf(conn, "pid: %d\n", os.Getpid())
+		pprof.Lookup("goroutine").WriteTo(conn, 2)
+		return
+	}
+	writeStats(conn, o, m, t, retrans, start)
 }
 
 // writeStats writes the report, in the spirit of /proc/self/mountstats.
@@ -78,6 +98,14 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	fmt.Fprintf(w, "rpc: retransmissions=%d session_recoveries=%d\n", retrans.Load(), recoveries)
 	fmt.Fprintf(w, "callbacks: cb_recall=%d cb_notify_lock=%d\n", c.Recalls(), c.LockNotifies())
 	ds, rs := c.DelegationStats(), c.Recovery()
+	if st, ok := c.Slots(); ok {
+		// What the mount waits for, as /sys/kernel/debug/sunrpc's tasks
+		// files show it for the kernel client.
+		fmt.Fprintf(w, "slots: %d target=%d retired=%d in_flight=%d waiting=%d\n", st.Slots, st.Target+1, st.Poisoned, len(st.InFlight), st.Waiting)
+		for _, f := range st.InFlight {
+			fmt.Fprintf(w, "  slot %d xid 0x%08x %s for %v\n", f.Slot, f.XID, f.Op, f.Age.Round(time.Millisecond))
+		}
+	}
 	fmt.Fprintf(w, "delegations: granted=%d recalled=%d returned=%d held=%d\n", ds.Granted, ds.Recalled, ds.Returned, ds.Held)
 	fmt.Fprintf(w, "server restarts: reclaimed_opens=%d reclaimed_locks=%d lost_opens=%d\n", rs.ReclaimedOpens, rs.ReclaimedLocks, rs.LostOpens)
 	if ts, ok := t.(TransportStats); ok {
@@ -111,8 +139,13 @@ func statsCommand() *cli.Command {
 		Description: `Asks the process serving the mount, over a unix socket, for its
 statistics: per NFS operation the count, errors, bytes sent, average and
 99th percentile latency; retransmissions and session recoveries; FUSE
-request counts and bytes read and written; and the transport's own
-counters when it has any.
+request counts and bytes read and written; the session's slots and the
+calls on them that the server has not answered yet, with their age; and
+the transport's own counters when it has any.
+
+With --stacks it prints instead the stack of every goroutine of the
+serving process: what a mount that hangs is waiting for. Attach it to a
+bug report.
 
 The socket is /run/rdmafs/HASH.sock for mounts made by root, and
 $XDG_RUNTIME_DIR/rdmafs/HASH.sock (or, without XDG_RUNTIME_DIR,
@@ -124,8 +157,12 @@ RDMAFS_RUN_DIR, when set, replaces all of them.
 EXIT STATUS:
    0 printed; 1 bad usage, or no rdmafs mount on the directory.
 
-EXAMPLE:
-   rdmafs stats /mnt`,
+EXAMPLES:
+   rdmafs stats /mnt
+   rdmafs stats --stacks /mnt > rdmafs-stacks.txt`,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "stacks", Usage: "print every goroutine's stack instead of the statistics"},
+		},
 		Action: func(cctx *cli.Context) error {
 			if cctx.NArg() != 1 {
 				return exitf(exitUsage, nil, "usage: rdmafs stats /mountpoint")
@@ -139,6 +176,13 @@ EXAMPLE:
 				return exitf(exitUsage, err, "no rdmafs mount on %s (%v)", dir, err)
 			}
 			defer conn.Close()
+			req := statsRequest
+			if cctx.Bool("stacks") {
+				req = stacksRequest
+			}
+			if _, err := io.WriteString(conn, req+"\n"); err != nil {
+				return exitf(exitUsage, err, "stats socket of %s: %v", dir, err)
+			}
 			_, err = io.Copy(os.Stdout, conn)
 			return err
 		},
@@ -153,6 +197,9 @@ func servingPID(dir string) (int, bool) {
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(conn, statsRequest+"\n"); err != nil {
+		return 0, false
+	}
 	line, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil {
 		return 0, false
