@@ -239,6 +239,9 @@ func cleanupMount(t *testing.T, dir string, pid int) {
 		t.Logf("rdmafs umount: %v", time.Since(start).Round(time.Millisecond))
 		if code != 0 {
 			t.Errorf("rdmafs umount %s: exit %d: %s", dir, code, out)
+			if pid > 0 && !processGone(pid) {
+				dumpHungMount(t, dir) // its stats socket lives until it exits
+			}
 			exec.Command("fusermount3", "-u", "-z", dir).Run()
 		}
 	}

@@ -28,7 +28,9 @@ type TransportStats interface {
 }
 
 type statsServer struct {
-	ln net.Listener
+	ln   net.Listener
+	path string
+	file os.FileInfo // the socket file, to unlink only our own
 }
 
 func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *atomic.Uint64) (*statsServer, error) {
@@ -42,6 +44,15 @@ func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *ato
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
+	// Close unlinks the socket only while it is still this mount's: a
+	// later mount on the same directory (after a lazy unmount) has
+	// replaced it with its own.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	fi, err := os.Stat(path)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("listen: %w", err)
+	}
 	start := time.Now()
 	go func() {
 		for {
@@ -52,11 +63,14 @@ func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *ato
 			serveStats(conn, o, m, t, retrans, start)
 		}
 	}()
-	return &statsServer{ln: ln}, nil
+	return &statsServer{ln: ln, path: path, file: fi}, nil
 }
 
 func (s *statsServer) Close() {
-	s.ln.Close() // removes the socket file
+	s.ln.Close()
+	if fi, err := os.Stat(s.path); err == nil && os.SameFile(fi, s.file) {
+		os.Remove(s.path)
+	}
 }
 
 // The stats socket's requests: a client writes one line, then reads the

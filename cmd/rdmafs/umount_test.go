@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rdmafs/rdmafs/internal/testpeer"
 )
 
 // knfsdClients returns knfsd's client directories with their info files.
@@ -88,4 +91,47 @@ func TestUmountCleansUp(t *testing.T) {
 		}
 		os.RemoveAll(filepath.Join(mnt2, filepath.Base(d)))
 	})
+}
+
+// TestStatsSocketOfNextMount: a mount lazily unmounted while a file
+// stays open lives on until the file is closed; a new mount on the same
+// directory meanwhile has its own stats socket, which the old process
+// must not remove when it exits at last.
+func TestStatsSocketOfNextMount(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	host, port := splitAddr(t, g.Addr)
+	p := peer{name: "ganesha", host: host, port: port, export: g.Export}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mountOn := func() int {
+		if out, code := runBin(t, 2*time.Minute, "mount", "-o", "port="+p.port, p.source(), dir); code != 0 {
+			t.Fatalf("rdmafs mount: exit %d: %s", code, out)
+		}
+		return servingPIDOf(t, dir)
+	}
+	oldPID := mountOn()
+	d := testDir(t, dir)
+	f, err := os.Create(filepath.Join(d, "held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("fusermount3", "-u", "-z", dir).CombinedOutput(); err != nil {
+		f.Close()
+		t.Fatalf("lazy unmount: %v: %s", err, out)
+	}
+	newPID := mountOn()
+	t.Cleanup(func() { cleanupMount(t, dir, newPID) })
+	f.Close() // the old mount's last file: its process ends
+	for deadline := time.Now().Add(time.Minute); !processGone(oldPID); {
+		if time.Now().After(deadline) {
+			t.Fatalf("old mount's process %d still running a minute after its last file was closed", oldPID)
+		}
+		time.Sleep(50 * time.Millisecond) // polling interval
+	}
+	if pid, ok := servingPID(dir); !ok || pid != newPID {
+		t.Errorf("after the old mount's process ended: stats socket answers pid %d, %v; want the new mount's %d", pid, ok, newPID)
+	}
+	os.RemoveAll(filepath.Join(dir, filepath.Base(d)))
 }
