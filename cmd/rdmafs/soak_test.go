@@ -206,9 +206,19 @@ func TestSoak(t *testing.T) {
 				return
 			case <-time.After(10 * time.Second):
 			}
-			for i, m := range []string{mntA, mntB} {
+			for _, m := range []string{mntA, mntB} {
 				dumpHungMount(t, m)
-				syscall.Kill(pids[i], syscall.SIGKILL)
+			}
+			if p.knfsd != nil {
+				// A hard mount waits for ever for a server that died:
+				// is the guest alive, and what did its kernel say?
+				gctx, gcancel := context.WithTimeout(context.Background(), time.Minute)
+				out, err := p.knfsd.Exec(gctx, "cat /proc/loadavg; cat /proc/fs/nfsd/threads; free; dmesg | tail -60")
+				gcancel()
+				t.Logf("%s: the guest: %v\n%s\nconsole:\n%s", p.name, err, out, p.knfsd.LogTail())
+			}
+			for _, pid := range pids {
+				syscall.Kill(pid, syscall.SIGKILL)
 			}
 		})
 		res, err := soak.Run(runCtx, cfg)
