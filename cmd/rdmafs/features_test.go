@@ -510,6 +510,12 @@ func TestStatsCallsInFlight(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^slots: \d+ target=\d+ retired=0 in_flight=[1-9]`).MatchString(out) {
 		t.Errorf("rdmafs stats: no slots line with a call in flight:\n%s", out)
 	}
+	// What the test binary prints of its mounts before its -timeout.
+	var dump strings.Builder
+	dumpSocket(&dump, statsSocket(mnt))
+	if !regexp.MustCompile(`(?m)^HUNG:   slot \d+ xid 0x[0-9a-f]{8} GETATTR for`).MatchString(dump.String()) {
+		t.Errorf("dumpSocket shows no call in flight:\n%s", dump.String())
+	}
 	stacks, code := runBin(t, time.Minute, "stats", "--stacks", mnt)
 	if code != 0 || !strings.Contains(stacks, "goroutine ") || !strings.Contains(stacks, "nfsclient.(*Client).send") {
 		t.Errorf("rdmafs stats --stacks: exit %d, no goroutine in nfsclient send:\n%.2000s", code, stacks)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -24,6 +25,8 @@ import (
 func TestMain(m *testing.M) {
 	soak.MaybeWorker() // TestSoak's worker processes are this binary
 	maybeLockChild()   // and TestLockGoneAtClose's lock holders
+	flag.Parse()
+	warnBeforeTimeout()
 	testpeer.Main(m)
 }
 
