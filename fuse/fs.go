@@ -374,24 +374,43 @@ func (m *Mount) Shutdown(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	var errs []error
+	start := time.Now()
 	for _, h := range files {
 		if errno := h.release(ctx); errno != 0 {
 			errs = append(errs, fmt.Errorf("close open file: %w", errno))
 		}
 	}
+	f.trace("shutdown: %d open files closed in %v", len(files), time.Since(start).Round(time.Microsecond))
 	// RELEASEs the kernel sent just before the unmount may still be
 	// running: the client ID can only go once their CLOSEs are done
-	// (RFC 8881 s18.50.3, NFS4ERR_CLIENTID_BUSY).
+	// (RFC 8881 s18.50.3, NFS4ERR_CLIENTID_BUSY). They end with ctx too
+	// (bgCancel above).
+	start = time.Now()
+	stopWait := context.AfterFunc(ctx, func() {
+		f.mu.Lock()
+		f.closed.Broadcast()
+		f.mu.Unlock()
+	})
 	f.mu.Lock()
-	for f.closing > 0 {
+	waited := f.closing
+	for f.closing > 0 && ctx.Err() == nil {
 		f.closed.Wait()
 	}
+	left := f.closing
 	f.mu.Unlock()
+	stopWait()
+	if left > 0 {
+		errs = append(errs, fmt.Errorf("%d RELEASEs still closing files: %w", left, ctx.Err()))
+	}
+	f.trace("shutdown: waited %v for %d RELEASEs (%d left)", time.Since(start).Round(time.Microsecond), waited, left)
 	f.bgCancel()
 	if err := f.saveHandleCache(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := f.c.Close(ctx); err != nil {
+	start = time.Now()
+	err := f.c.Close(ctx)
+	f.trace("shutdown: NFS session and client ID ended in %v: %v", time.Since(start).Round(time.Microsecond), err)
+	if err != nil {
 		errs = append(errs, fmt.Errorf("destroy session: %w", err))
 	}
 	return errors.Join(errs...)

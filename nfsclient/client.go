@@ -252,8 +252,12 @@ func (c *Client) Close(ctx context.Context) error {
 		if c.lease > 0 {
 			<-c.renewDone
 		}
+		start := time.Now()
 		c.cb.returnAll(ctx)
+		c.trace("close: delegations returned in %v", time.Since(start).Round(time.Microsecond))
+		start = time.Now()
 		err = c.destroy(ctx)
+		c.trace("close: DESTROY_SESSION, DESTROY_CLIENTID in %v: %v", time.Since(start).Round(time.Microsecond), err)
 		if cerr := c.cfg.Transport.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
