@@ -34,6 +34,10 @@ func spawnDaemon(args []string, keepStderr bool) error {
 		cmd.Stderr = os.Stderr // the user asked for traces on stderr
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// The background process outlives this command: it must not keep
+	// what the caller left open for it (a flock(1) lock file, a pipe the
+	// caller reads to its end), only stdio and the report pipe.
+	closeInheritedOnExec()
 	if err := cmd.Start(); err != nil {
 		w.Close()
 		return exitf(exitFailure, err, "start background process: %v", err)
@@ -88,5 +92,19 @@ func daemonNotifier() func(error) {
 			}
 			pipe.Close()
 		})
+	}
+}
+
+// closeInheritedOnExec marks every descriptor above stderr close-on-exec:
+// those this process inherited without it. Go opens its own with it.
+func closeInheritedOnExec() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
 	}
 }

@@ -135,3 +135,28 @@ func TestStatsSocketOfNextMount(t *testing.T) {
 	}
 	os.RemoveAll(filepath.Join(dir, filepath.Base(d)))
 }
+
+// TestMountKeepsNoCallerFD: the mount's background process does not hold
+// what its caller left open: a lock the caller holds on descriptor 7
+// while it runs "rdmafs mount" is free once the caller exits, not when
+// the mount ends. (Descriptor 3 would not show it: the report pipe
+// replaces it in the background process.)
+func TestMountKeepsNoCallerFD(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	host, port := splitAddr(t, g.Addr)
+	p := peer{name: "ganesha", host: host, port: port, export: g.Export}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lock := filepath.Join(t.TempDir(), "lock")
+	script := `exec 7>"$1" && flock 7 && exec "$2" mount -o "port=$3" "$4" "$5"`
+	out, err := exec.Command("/bin/sh", "-c", script, "sh", lock, rdmafsBin(t), p.port, p.source(), dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rdmafs mount holding a lock on descriptor 7: %v: %s", err, out)
+	}
+	t.Cleanup(func() { cleanupMount(t, dir, servingPIDOf(t, dir)) })
+	if out, err := exec.Command("flock", "-n", lock, "true").CombinedOutput(); err != nil {
+		t.Errorf("the lock the mount command's caller took is still held after the caller exited (by the mount's process?): %v %s", err, out)
+	}
+}
