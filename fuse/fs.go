@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -127,6 +128,28 @@ type Counters struct {
 	// write-back buffers (the one copy a WRITE makes), and buffered data
 	// moved to a larger buffer.
 	BytesCopied atomic.Uint64
+	// EIOs counts requests answered EIO: errors without a better
+	// errno (an NFS status with no local meaning, a reply the client
+	// could not decode). LastEIO says what the last one was.
+	EIOs    atomic.Uint64
+	LastEIO atomic.Pointer[EIORecord]
+}
+
+// EIORecord is one request answered EIO and the error behind it.
+type EIORecord struct {
+	Time time.Time
+	Op   string
+	Err  string
+}
+
+// noteErrno counts errno EIO with the error behind it, for "rdmafs
+// stats": the application sees only EIO.
+func (c *Counters) noteErrno(op string, err error, errno syscall.Errno) {
+	if errno != syscall.EIO {
+		return
+	}
+	c.EIOs.Add(1)
+	c.LastEIO.Store(&EIORecord{Time: time.Now(), Op: op, Err: err.Error()})
 }
 
 // FS is the state shared by all nodes of one mount.

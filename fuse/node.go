@@ -115,6 +115,7 @@ func (n *node) errno(op string, err error) syscall.Errno {
 	if errors.Is(err, context.Canceled) {
 		e = syscall.EINTR
 	}
+	n.fsys.Stats.noteErrno(op, err, e)
 	if n.fsys.tr.On(trace.FUSE) {
 		n.fsys.trace("%s ino=%d err=%v errno=%d", op, n.StableAttr().Ino, err, e)
 	}
@@ -132,7 +133,9 @@ func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 		if errors.Is(err, context.Canceled) {
 			return nil, syscall.EINTR
 		}
-		return nil, nfsclient.Errno(err)
+		e := nfsclient.Errno(err)
+		n.fsys.Stats.noteErrno("LOOKUP", err, e)
+		return nil, e
 	}
 	if n.fsys.tr.On(trace.FUSE) {
 		n.fsys.trace("LOOKUP dir=%d name=%q -> ino=%d type=%d size=%d", n.StableAttr().Ino, name, a.FileID, a.Type, a.Size)

@@ -57,7 +57,7 @@ func dumpSocket(w io.Writer, path string) {
 		return string(b)
 	}
 	for _, l := range strings.Split(ask(statsRequest), "\n") {
-		if strings.HasPrefix(l, "pid:") || strings.HasPrefix(l, "device ") || strings.HasPrefix(l, "rpc:") ||
+		if strings.HasPrefix(l, "pid:") || strings.HasPrefix(l, "device ") || strings.HasPrefix(l, "rpc:") || strings.HasPrefix(l, "eio:") ||
 			strings.HasPrefix(l, "slots:") || strings.HasPrefix(l, "  slot ") || strings.Contains(l, "connects:") {
 			fmt.Fprintf(w, "HUNG: %s\n", l)
 		}

@@ -235,7 +235,7 @@ func TestSoak(t *testing.T) {
 		for _, m := range []string{mntA, mntB} {
 			if st, code := runBin(t, time.Minute, "stats", m); code == 0 {
 				for _, line := range strings.Split(st, "\n") {
-					if strings.HasPrefix(line, "rpc:") || strings.Contains(line, "connects:") {
+					if strings.HasPrefix(line, "rpc:") || strings.HasPrefix(line, "eio:") || strings.Contains(line, "connects:") {
 						t.Logf("%s: %s: %s", p.name, m, strings.TrimSpace(line))
 					}
 				}
