@@ -2,8 +2,6 @@ package rpcrdma
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/mrcache"
@@ -16,35 +14,11 @@ import (
 // any of it in a reply is a byte the peer did not write for the call.
 var staleMarker = []byte("STALE!!!")
 
-// fillSlab writes staleMarker over every free byte of the pool's budget
-// (mapping all of it), as earlier calls would have left their data there.
+// fillSlab writes staleMarker over every free byte of the pool's budget.
 func fillSlab(t *testing.T, pool *mrcache.Pool) {
 	t.Helper()
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	var got [][]byte
-	for size := mrcache.ChunkSize; size >= mrcache.MinBlock; size /= 2 {
-		for {
-			b, err := pool.Get(size)
-			if errors.Is(err, mrcache.ErrNoMemory) {
-				b, err = pool.GetWait(done, size)
-			}
-			if err != nil {
-				break
-			}
-			got = append(got, b)
-		}
-	}
-	if len(got) == 0 {
-		t.Fatal("no slab memory to fill")
-	}
-	for _, b := range got {
-		for i := range b {
-			b[i] = staleMarker[i%len(staleMarker)]
-		}
-		if err := pool.Put(b); err != nil {
-			t.Fatal(err)
-		}
+	if err := pool.Poison(staleMarker); err != nil {
+		t.Fatal(err)
 	}
 }
 

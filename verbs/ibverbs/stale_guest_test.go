@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -29,28 +28,8 @@ var staleMarker = []byte("STALE!!!")
 // fillSlab writes staleMarker over every free byte of the pool's budget.
 func fillSlab(t *testing.T, pool *mrcache.Pool) {
 	t.Helper()
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	var got [][]byte
-	for size := mrcache.ChunkSize; size >= mrcache.MinBlock; size /= 2 {
-		for {
-			b, err := pool.Get(size)
-			if errors.Is(err, mrcache.ErrNoMemory) {
-				b, err = pool.GetWait(done, size)
-			}
-			if err != nil {
-				break
-			}
-			got = append(got, b)
-		}
-	}
-	for _, b := range got {
-		for i := range b {
-			b[i] = staleMarker[i%len(staleMarker)]
-		}
-		if err := pool.Put(b); err != nil {
-			t.Fatal(err)
-		}
+	if err := pool.Poison(staleMarker); err != nil {
+		t.Fatal(err)
 	}
 }
 
