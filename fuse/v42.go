@@ -35,9 +35,10 @@ type v42Ops interface {
 	// 7862 s15.11): eof says there is no data after the offset.
 	Seek(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, what nfsclient.SeekWhat) (uint64, bool, error)
 	// Copy copies count bytes from src at srcOff to dst at dstOff on the
-	// server (COPY, RFC 7862 s15.2), waiting for a copy the server runs
-	// in the background, and commits what it copied; the count may be
-	// short (at the source's end).
+	// server (COPY, RFC 7862 s15.2), going on after the server's short
+	// counts and waiting for a copy the server runs in the background,
+	// and commits what it copied; the count is short only at the
+	// source's end, or when ctx ends (after the first COPY: ctx's error).
 	Copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID nfsclient.StateID, dst []byte, dstSID nfsclient.StateID, srcOff, dstOff, count uint64) (nfsclient.CopyResult, error)
 	// Clone makes [dstOff, dstOff+count) of dst share src's blocks at
 	// srcOff (CLONE, RFC 7862 s15.13).
@@ -270,12 +271,19 @@ func (n *node) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence u
 const maxCopy = math.MaxUint32 &^ 4095
 
 // CopyFileRange serves copy_file_range(2) between two files of this
-// mount with one synchronous COPY (RFC 7862 s15.2; a short count is
-// fine, the caller loops), or with CLONE where the server has no COPY.
-// Where the server has neither, EOPNOTSUPP makes the kernel copy through
-// READ and WRITE itself (fuse_copy_file_range falls back to splice, as
-// Linux's nfs4_copy_file_range does).
+// mount with COPY (RFC 7862 s15.2), or with CLONE where the server has no
+// COPY. The client's Copy goes on after the server's short counts (knfsd
+// copies 4 MiB per synchronous COPY) and asks for a large range to be
+// copied in the background (s15.2.3, CB_OFFLOAD), so that cp(1)'s one
+// call for a whole file is one FUSE request, not one per 4 MiB, each with
+// its own write-back flush and COMMIT. An interrupt (FUSE_INTERRUPT, a
+// signal to the copying process) stops the copy after the COPY under way,
+// or cancels the server's background copy (OFFLOAD_CANCEL, s15.8).
+// Where the server has neither COPY nor CLONE, EOPNOTSUPP makes the
+// kernel copy through READ and WRITE itself (fuse_copy_file_range falls
+// back to splice, as Linux's nfs4_copy_file_range does).
 func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode, fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
+	copyCtx := ctx // interrupted with the caller
 	ctx = uninterrupted(ctx)
 	v := &n.fsys.v42
 	dst, ok := out.Operations().(*node)
@@ -308,7 +316,7 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	}
 	defer dst.invalidateAttr()
 	if !v.noCopy.Load() {
-		res, err := v.ops.Copy(ctx, hout.cred, hin.of.FH, hin.of.StateID, hout.of.FH, hout.of.StateID, offIn, offOut, length)
+		res, err := v.ops.Copy(copyCtx, hout.cred, hin.of.FH, hin.of.StateID, hout.of.FH, hout.of.StateID, offIn, offOut, length)
 		if n.fsys.tr.On(trace.FUSE) {
 			n.fsys.trace("COPY ino=%d off=%d -> ino=%d off=%d len=%d -> %+v err=%v", n.StableAttr().Ino, offIn, dst.StableAttr().Ino, offOut, length, res, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -261,6 +262,82 @@ func TestSeekDataHole(t *testing.T) {
 		}
 		if got, err := seek(mib+4096, unix.SEEK_DATA); err != nil || got != 2*mib {
 			t.Errorf("SEEK_DATA after a buffered write: %d, %v; want %d", got, err, 2*mib)
+		}
+	})
+}
+
+// TestCopyFileRangeLarge checks that one copy_file_range(2) of a whole
+// 64 MiB file, as cp(1) asks, is copied whole by one call where the
+// server has COPY, although knfsd copies at most 4 MiB per synchronous
+// COPY: the client asks for a copy in the background (RFC 7862 s15.2.3)
+// and waits for its CB_OFFLOAD, over TCP and over RPC-over-RDMA's
+// backward direction, instead of returning each 4 MiB to the kernel
+// with a COPY and a COMMIT each. The copy is compared byte for byte,
+// through a second mount too.
+func TestCopyFileRangeLarge(t *testing.T) {
+	v42Peers(t, func(t *testing.T, p peer) {
+		mnt, m := mountPeer(t, p, fuse.Options{})
+		requireV42(t, m)
+		d := freshDir(t, mnt)
+		defer os.RemoveAll(d)
+		const size = 64 << 20
+		src := make([]byte, size)
+		for i := range src {
+			src[i] = byte(i*13/7 + i>>20)
+		}
+		if err := os.WriteFile(filepath.Join(d, "in"), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		in, err := os.Open(filepath.Join(d, "in"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer in.Close()
+		out, err := os.OpenFile(filepath.Join(d, "out"), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		before, ops0 := m.FS.V42Stats(), countOps(m)
+		start := time.Now()
+		// cp asks for far more than the file holds (coreutils 9: 2^63-2^30).
+		offIn, offOut, calls := int64(0), int64(0), 0
+		for offIn < size {
+			n, err := unix.CopyFileRange(int(in.Fd()), &offIn, int(out.Fd()), &offOut, 1<<40, 0)
+			if err != nil {
+				t.Fatalf("copy_file_range at %d: %v", offIn, err)
+			}
+			if n == 0 {
+				t.Fatalf("copy_file_range at %d of %d: 0", offIn, size)
+			}
+			calls++
+		}
+		ops := countOps(m).since(ops0)
+		after := m.FS.V42Stats()
+		t.Logf("%d copy_file_range calls, %v; operations %v", calls, time.Since(start), ops)
+		if v42Support[p.limitsOf]["COPY"] {
+			if calls != 1 {
+				t.Errorf("copy_file_range of %d bytes took %d calls, want 1 (the whole file)", size, calls)
+			}
+			if after.Copies-before.Copies != 1 || after.CopyBytes-before.CopyBytes != size {
+				t.Errorf("COPY stats %+v before, %+v after; want one copy of %d bytes", before, after, size)
+			}
+			// knfsd copies in the background when asked: one COPY, and
+			// no COMMIT (it syncs the range itself and says FILE_SYNC).
+			if ops["COPY"] > 2 || ops["COMMIT"] > 1 || ops["READ"]+ops["WRITE"] != 0 {
+				t.Errorf("operations for the copy: %v; want at most 2 COPYs, 1 COMMIT, no READ or WRITE", ops)
+			}
+		}
+		if got := fstatSize(t, out); got != size {
+			t.Errorf("destination size %d, want %d", got, size)
+		}
+		if got := pread(t, out, 0, size); !bytes.Equal(got, src) {
+			t.Errorf("destination data differs from the source")
+		}
+		mnt2, _ := mountPeer(t, p, fuse.Options{})
+		got, err := os.ReadFile(filepath.Join(mnt2, filepath.Base(d), "out"))
+		if err != nil || !bytes.Equal(got, src) {
+			t.Errorf("destination through a second mount: %d bytes, %v", len(got), err)
 		}
 	})
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -96,29 +98,132 @@ func (c *Client) Seek(ctx context.Context, cred oncrpc.Credential, fh []byte, si
 type CopyResult struct {
 	Count     uint64 // bytes copied: may be fewer than asked (a short copy)
 	Committed Stable // FileSync once Copy committed them
-	Async     bool   // the server ran the copy in the background
+	Async     bool   // the server ran (part of) the copy in the background
 }
+
+// asyncCopyMin is the smallest COPY that Copy asks the server to run in
+// the background (ca_synchronous false, RFC 7862 s15.2.3). A server may
+// copy less than asked per synchronous COPY, to keep a thread and a
+// session slot from being held long (knfsd, Linux 6.1: 4 MiB each), so
+// a large copy would be many COPYs and COMMITs; an asynchronous one runs
+// to the end in the server (knfsd: one kernel thread, which also syncs
+// the range) and is reported by one CB_OFFLOAD. Below this size the
+// callback's extra round trip is not worth it.
+const asyncCopyMin = 8 << 20
 
 // Copy copies count bytes at srcOff of the file src (open with srcSID)
 // to dstOff of dst (open with dstSID) inside the server (COPY, RFC 7862
 // s15.2; intra-server, no data crosses the network), as
-// copy_file_range(2). It asks for a synchronous copy; a server that
-// insists on copying in the background is waited for (CB_OFFLOAD, or
-// OFFLOAD_STATUS polls when no callback comes). Copied data not yet
-// stable is committed before Copy returns. A server that will not copy
-// gives an error whose Errno is EOPNOTSUPP (NFS4ERR_NOTSUPP,
-// OFFLOAD_DENIED, OFFLOAD_NO_REQS): the caller then reads and writes.
+// copy_file_range(2). From asyncCopyMin bytes on it asks for a copy in
+// the background and waits for its CB_OFFLOAD (or OFFLOAD_STATUS polls
+// when no callback comes); below that, or where the server will only
+// copy synchronously, it sends synchronous COPYs and goes on after each
+// short count, until count bytes are copied or the source ends (a COPY
+// that copies nothing). Copied data not yet stable is committed, with
+// one COMMIT, before Copy returns. If ctx ends, Copy stops after the
+// COPY under way (a copy in the background is cancelled, OFFLOAD_CANCEL)
+// and returns what it copied and committed, or ctx's error if nothing.
+// A server that will not copy gives an error whose Errno is EOPNOTSUPP
+// (NFS4ERR_NOTSUPP, OFFLOAD_DENIED, OFFLOAD_NO_REQS): the caller then
+// reads and writes.
 func (c *Client) Copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID StateID, dst []byte, dstSID StateID, srcOff, dstOff, count uint64) (CopyResult, error) {
-	return c.copy(ctx, cred, src, srcSID, dst, dstSID, srcOff, dstOff, count, true)
-}
-
-// copy is Copy; sync false lets the server copy in the background.
-func (c *Client) copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID StateID, dst []byte, dstSID StateID, srcOff, dstOff, count uint64, sync bool) (CopyResult, error) {
 	if err := c.need42("COPY"); err != nil {
 		return CopyResult{}, err
 	}
+	var (
+		res      CopyResult
+		err      error
+		unstable bool     // some copied data awaits a COMMIT
+		verf     Verifier // the synchronous COPYs' write verifier
+		haveVerf bool
+	)
+	for res.Count < count {
+		if res.Count > 0 && ctx.Err() != nil {
+			break // interrupted: what is copied is committed and returned
+		}
+		left := count - res.Count
+		sync := left < asyncCopyMin || c.copies.syncOnly.Load()
+		var p copyOut
+		p, err = c.copyOnce(ctx, cred, src, srcSID, dst, dstSID, srcOff+res.Count, dstOff+res.Count, left, sync)
+		if !sync && (errors.Is(err, ErrOffloadNoReqs) || errors.Is(err, errCopyLost)) {
+			// RFC 7862 s15.2.3: a server that cannot copy as asked
+			// answers NFS4ERR_OFFLOAD_NO_REQS (with the requirements it
+			// can meet); an asynchronous copy whose CB_OFFLOAD never came
+			// (s16.1.3) left the range in an unknown state. Either way:
+			// synchronous COPYs from now on (copying a range again is
+			// harmless, the source is the same).
+			c.trace("COPY: asynchronous copy: %v; synchronous from now on", err)
+			c.copies.syncOnly.Store(true)
+			err = nil
+			continue
+		}
+		if err != nil {
+			break
+		}
+		if p.count > left {
+			return res, fmt.Errorf("%w: COPY of %d bytes reports %d copied", ErrProtocol, left, p.count)
+		}
+		res.Count += p.count
+		res.Async = res.Async || p.async
+		if p.committed != FileSync && p.count > 0 {
+			unstable = true
+			if sync {
+				// RFC 8881 s18.32.3 (WRITE, which COPY's answer follows,
+				// RFC 7862 s15.2.3): another verifier means the server
+				// restarted and may have lost the earlier unstable data.
+				if haveVerf && p.verf != verf {
+					return CopyResult{}, fmt.Errorf("COPY: %w: write verifier changed between COPYs", ErrIO)
+				}
+				verf, haveVerf = p.verf, true
+			}
+		}
+		if p.count == 0 || p.async {
+			// The source ended; or the server ran the copy in the
+			// background, which goes to the end (or an error) by itself.
+			break
+		}
+	}
+	if res.Count == 0 {
+		return res, err
+	}
+	if err != nil {
+		// Copied some, then failed: the copied part is returned, as a
+		// short write; the caller's next call meets the error.
+		c.trace("COPY: stopped after %d bytes: %v", res.Count, err)
+	}
+	if unstable {
+		// RFC 7862 s15.2.3: data copied unstable is committed like
+		// written data, here once for all the COPYs (RFC 8881 s18.3.3:
+		// count 0 commits to the end of the file).
+		n := uint32(0)
+		if res.Count <= math.MaxUint32 {
+			n = uint32(res.Count)
+		}
+		v, err := c.Commit(context.WithoutCancel(ctx), cred, dst, dstOff, n)
+		if err != nil {
+			return CopyResult{}, fmt.Errorf("COMMIT after COPY: %w", err)
+		}
+		if haveVerf && v != verf {
+			return CopyResult{}, fmt.Errorf("COPY: %w: write verifier changed before COMMIT", ErrIO)
+		}
+	}
+	res.Committed = FileSync
+	return res, nil
+}
+
+// errCopyLost is an asynchronous copy the server forgot without a
+// CB_OFFLOAD reaching the client.
+var errCopyLost = errors.New("asynchronous COPY ended without CB_OFFLOAD")
+
+// copyOnce sends one COPY (sync false: one the server may run in the
+// background) and, for a copy in the background, waits for its end. It
+// does not commit. The COPY itself is sent whatever ctx says, so that
+// the server's answer, and a background copy's stateid, is not lost to
+// an interrupt; the wait for the copy's end stops with ctx, and cancels
+// it.
+func (c *Client) copyOnce(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID StateID, dst []byte, dstSID StateID, srcOff, dstOff, count uint64, sync bool) (copyOut, error) {
 	op := &copyOp{}
-	err := c.do(ctx, cred, func(cp *compound) {
+	err := c.do(context.WithoutCancel(ctx), cred, func(cp *compound) {
 		op.args = copy4args{srcStateid: c.sid(cp, srcSID), dstStateid: c.sid(cp, dstSID),
 			srcOffset: srcOff, dstOffset: dstOff, count: count, consecutive: true, synchronous: sync}
 		cp.putFH(src)
@@ -127,36 +232,43 @@ func (c *Client) copy(ctx context.Context, cred oncrpc.Credential, src []byte, s
 		cp.add(op)
 	})
 	if err != nil {
-		return CopyResult{}, err
+		return copyOut{}, err
 	}
 	wr := op.res.response
-	res := CopyResult{Count: wr.count, Committed: wr.committed}
-	verf := Verifier(wr.writeverf)
 	if len(wr.callbackId) == 1 {
 		// RFC 7862 s15.2.3: an asynchronous copy; its result comes in
-		// CB_OFFLOAD, or from OFFLOAD_STATUS.
-		res.Async = true
+		// CB_OFFLOAD, or from OFFLOAD_STATUS. (A server may also answer
+		// a request for one synchronously: no callback id.)
 		out, err := c.waitCopy(ctx, cred, dst, wr.callbackId[0])
-		if err != nil {
-			return res, err
-		}
-		res.Count, res.Committed, verf = out.count, out.committed, out.verf
+		out.async = true
+		return out, err
 	}
-	if res.Count > count && count != 0 {
-		return res, fmt.Errorf("%w: COPY of %d bytes reports %d copied", ErrProtocol, count, res.Count)
+	if !sync {
+		c.trace("COPY of %d bytes asked to run in the background: done synchronously", count)
 	}
+	return copyOut{count: wr.count, committed: wr.committed, verf: Verifier(wr.writeverf)}, nil
+}
+
+// copy is one COPY, committed; sync false lets the server copy in the
+// background. Tests use it.
+func (c *Client) copy(ctx context.Context, cred oncrpc.Credential, src []byte, srcSID StateID, dst []byte, dstSID StateID, srcOff, dstOff, count uint64, sync bool) (CopyResult, error) {
+	if err := c.need42("COPY"); err != nil {
+		return CopyResult{}, err
+	}
+	out, err := c.copyOnce(ctx, cred, src, srcSID, dst, dstSID, srcOff, dstOff, count, sync)
+	if err != nil {
+		return CopyResult{}, err
+	}
+	res := CopyResult{Count: out.count, Committed: out.committed, Async: out.async}
 	if res.Committed != FileSync && res.Count > 0 {
-		// RFC 7862 s15.2.3: data copied unstable is committed like
-		// written data; another verifier means the server lost it.
-		v, err := c.Commit(ctx, cred, dst, dstOff, uint32(min(res.Count, 1<<32-1)))
+		v, err := c.Commit(ctx, cred, dst, dstOff, uint32(min(res.Count, math.MaxUint32)))
 		if err != nil {
 			return res, fmt.Errorf("COMMIT after COPY: %w", err)
 		}
-		if res.Async || v == verf {
-			res.Committed = FileSync
-		} else {
+		if !out.async && v != out.verf {
 			return res, fmt.Errorf("COPY: %w: write verifier changed before COMMIT", ErrIO)
 		}
+		res.Committed = FileSync
 	}
 	return res, nil
 }
@@ -167,6 +279,7 @@ type copyOut struct {
 	committed Stable
 	verf      Verifier
 	err       error
+	async     bool // the server copied in the background
 }
 
 func copyOutcome(info *offloadInfo4) copyOut {
@@ -180,6 +293,10 @@ func copyOutcome(info *offloadInfo4) copyOut {
 // copyTable matches CB_OFFLOADs to the COPYs waiting for them, by the
 // copy's stateid. One that comes before its waiter is kept (a few).
 type copyTable struct {
+	// syncOnly: the server refused, or lost, an asynchronous copy:
+	// Copy asks for synchronous ones only.
+	syncOnly atomic.Bool
+
 	mu      sync.Mutex
 	waiters map[[12]byte]chan copyOut
 	early   map[[12]byte]copyOut
@@ -225,14 +342,32 @@ func (t *copyTable) done(sid StateID, out copyOut) {
 	}
 }
 
+// copyLostAfter is how long waitCopy waits for a CB_OFFLOAD once
+// OFFLOAD_STATUS says the server has forgotten the copy.
+const copyLostAfter = 30 * time.Second
+
 // waitCopy waits for the asynchronous copy sid into dst to end: for its
 // CB_OFFLOAD, asking OFFLOAD_STATUS (RFC 7862 s15.9) now and then in
 // case no callback comes. If ctx ends first, the copy is cancelled
-// (OFFLOAD_CANCEL, s15.8).
+// (OFFLOAD_CANCEL, s15.8), so that an interrupted copy_file_range does
+// not leave the server copying. A copy the server has forgotten
+// (NFS4ERR_BAD_STATEID from OFFLOAD_STATUS) whose CB_OFFLOAD does not
+// come within copyLostAfter gives errCopyLost.
 func (c *Client) waitCopy(ctx context.Context, cred oncrpc.Credential, dst []byte, sid StateID) (copyOut, error) {
 	ch := c.copies.wait(sid)
 	defer c.copies.forget(sid)
+	cancelCopy := func() (copyOut, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		err := c.do(cctx, cred, func(cp *compound) {
+			cp.putFH(dst)
+			cp.add(&offloadCancelOp{args: offloadCancel4args{stateid: sid}})
+		})
+		c.trace("COPY %x: interrupted: OFFLOAD_CANCEL: %v", sid.Other, err)
+		return copyOut{}, ctx.Err()
+	}
 	delay := 50 * time.Millisecond
+	var forgotten time.Time // when OFFLOAD_STATUS first said BAD_STATEID
 	for {
 		t := time.NewTimer(delay)
 		select {
@@ -242,29 +377,32 @@ func (c *Client) waitCopy(ctx context.Context, cred oncrpc.Credential, dst []byt
 			return out, out.err
 		case <-ctx.Done():
 			t.Stop()
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			c.do(cctx, cred, func(cp *compound) {
-				cp.putFH(dst)
-				cp.add(&offloadCancelOp{args: offloadCancel4args{stateid: sid}})
-			})
-			cancel()
-			return copyOut{}, ctx.Err()
+			return cancelCopy()
 		case <-t.C:
 		}
 		delay = min(2*delay, time.Second)
 		st := &offloadStatusOp{args: offloadStatus4args{stateid: sid}}
-		err := c.do(ctx, cred, func(cp *compound) {
+		err := c.do(context.WithoutCancel(ctx), cred, func(cp *compound) {
 			cp.putFH(dst)
 			cp.add(st)
 		})
 		c.trace("COPY %x: OFFLOAD_STATUS: %+v, %v", sid.Other, st.res, err)
-		if errors.Is(err, ErrBadStateID) || errors.Is(err, ErrNotSupp) {
-			// The copy is over and forgotten, or the server only
-			// reports by callback: wait for CB_OFFLOAD.
+		switch {
+		case errors.Is(err, ErrBadStateID):
+			// The copy is over and forgotten (its CB_OFFLOAD on the
+			// way, s15.9.3), or never known: wait for the callback a
+			// while.
+			if forgotten.IsZero() {
+				forgotten = time.Now()
+			} else if time.Since(forgotten) > copyLostAfter {
+				return copyOut{}, errCopyLost
+			}
+			continue
+		case errors.Is(err, ErrNotSupp):
+			// The server reports by callback only: wait for CB_OFFLOAD.
 			delay = time.Second
 			continue
-		}
-		if err != nil {
+		case err != nil:
 			return copyOut{}, fmt.Errorf("OFFLOAD_STATUS: %w", err)
 		}
 		if len(st.res.complete) == 1 {
