@@ -297,6 +297,49 @@ func TestCopyClone(t *testing.T) {
 	})
 }
 
+// TestCopyLarge copies 12 MiB, three times knfsd's 4 MiB per synchronous
+// COPY, with one Copy call: in the background (RFC 7862 s15.2.3,
+// CB_OFFLOAD over TCP and over RPC-over-RDMA's backward direction) and,
+// as for a server that refuses that, with synchronous COPYs past the
+// short counts and one COMMIT. Each copy is whole, stable, and the
+// source's bytes.
+func TestCopyLarge(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		c := dial(t, p, oncrpc.TCPOptions{})
+		ctx := testCtx(t)
+		dir := testDir(t, c)
+		src := createFile(ctx, t, c, dir, "src")
+		defer c.CloseFile(ctx, rootCred, src)
+		const size = 12 << 20
+		data := pattern(size, 21)
+		writeAt(ctx, t, c, src, 0, data)
+		for _, tc := range []struct {
+			name     string
+			syncOnly bool
+		}{{"background", false}, {"synchronous", true}} {
+			c.copies.syncOnly.Store(tc.syncOnly)
+			dst := createFile(ctx, t, c, dir, tc.name)
+			defer c.CloseFile(ctx, rootCred, dst)
+			start := time.Now()
+			// As copy_file_range for cp: more than the source holds.
+			r, err := c.Copy(ctx, rootCred, src.FH, src.StateID, dst.FH, dst.StateID, 0, 0, 1<<32-4096)
+			if notSupported(t, "COPY", err) {
+				return
+			}
+			t.Logf("%s COPY of %d bytes: %+v in %v", tc.name, size, r, time.Since(start))
+			if r.Count != size || r.Committed != FileSync {
+				t.Fatalf("%s COPY: %+v, want %d bytes, FILE_SYNC", tc.name, r, size)
+			}
+			if p.knfsd != nil && r.Async == tc.syncOnly {
+				t.Errorf("%s COPY on knfsd: Async %v", tc.name, r.Async)
+			}
+			if got := readRange(ctx, t, c, dst, 0, size+1); !bytes.Equal(got, data) {
+				t.Fatalf("%s copy differs (%d bytes read)", tc.name, len(got))
+			}
+		}
+	})
+}
+
 // TestReadPlus reads a sparse file with READ_PLUS: the bytes are READ's,
 // whatever the server sends as holes.
 func TestReadPlus(t *testing.T) {
