@@ -340,6 +340,55 @@ func TestCopyLarge(t *testing.T) {
 	})
 }
 
+// TestCopyInterrupt: a Copy whose context ends while the server copies in
+// the background cancels the copy (OFFLOAD_CANCEL, RFC 7862 s15.8) and
+// returns the context's error; the server stops (the destination stops
+// growing, short of the whole copy), and the session goes on.
+func TestCopyInterrupt(t *testing.T) {
+	forEachPeer(t, func(t *testing.T, p peer) {
+		c := dial(t, p, oncrpc.TCPOptions{})
+		ctx := testCtx(t)
+		dir := testDir(t, c)
+		src := createFile(ctx, t, c, dir, "src")
+		defer c.CloseFile(ctx, rootCred, src)
+		dst := createFile(ctx, t, c, dir, "dst")
+		defer c.CloseFile(ctx, rootCred, dst)
+		// 128 MiB of hole: long to copy (knfsd reads and writes the
+		// zeros), cheap to make.
+		const size = 128 << 20
+		sz := uint64(size)
+		if _, err := c.SetAttr(ctx, rootCred, src.FH, src.StateID, &SetAttr{Size: &sz}); err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel() // ^C before the COPY's answer: the COPY still goes out, then is cancelled
+		r, err := c.Copy(cctx, rootCred, src.FH, src.StateID, dst.FH, dst.StateID, 0, 0, size)
+		if Errno(err) == syscall.EOPNOTSUPP {
+			t.Logf("COPY: not supported by this server: %v", err)
+			return
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("interrupted COPY: %+v, %v; want context.Canceled", r, err)
+		}
+		a1, err := c.GetAttr(ctx, rootCred, dst.FH)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		a2, err := c.GetAttr(ctx, rootCred, dst.FH)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("destination after the cancelled copy: %d bytes, 2 s later %d", a1.Size, a2.Size)
+		if a2.Size >= size || a2.Size != a1.Size {
+			t.Fatalf("the server went on copying: destination %d bytes, then %d (of %d)", a1.Size, a2.Size, size)
+		}
+		if r, err := c.Copy(ctx, rootCred, src.FH, src.StateID, dst.FH, dst.StateID, 0, 0, 1<<20); err != nil || r.Count != 1<<20 {
+			t.Fatalf("COPY after the cancelled one: %+v, %v", r, err)
+		}
+	})
+}
+
 // TestReadPlus reads a sparse file with READ_PLUS: the bytes are READ's,
 // whatever the server sends as holes.
 func TestReadPlus(t *testing.T) {
