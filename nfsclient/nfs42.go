@@ -350,9 +350,10 @@ const copyLostAfter = 30 * time.Second
 // CB_OFFLOAD, asking OFFLOAD_STATUS (RFC 7862 s15.9) now and then in
 // case no callback comes. If ctx ends first, the copy is cancelled
 // (OFFLOAD_CANCEL, s15.8), so that an interrupted copy_file_range does
-// not leave the server copying. (Linux 6.1's knfsd never cleans up a copy
-// cancelled before its thread ran: the client ID then stays busy for
-// DESTROY_CLIENTID; a server bug, the copy itself is stopped.) A copy the server has forgotten
+// not leave the server copying. (Seen with Linux 6.1's knfsd: a copy
+// cancelled before it had copied anything left the client ID busy,
+// DESTROY_CLIENTID answering NFS4ERR_CLIENTID_BUSY; probably its thread
+// never ran, so nothing cleaned the copy up.) A copy the server has forgotten
 // (NFS4ERR_BAD_STATEID from OFFLOAD_STATUS) whose CB_OFFLOAD does not
 // come within copyLostAfter gives errCopyLost.
 func (c *Client) waitCopy(ctx context.Context, cred oncrpc.Credential, dst []byte, sid StateID) (copyOut, error) {

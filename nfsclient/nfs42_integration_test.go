@@ -360,9 +360,9 @@ func TestCopyInterrupt(t *testing.T) {
 		if _, err := c.SetAttr(ctx, rootCred, src.FH, src.StateID, &SetAttr{Size: &sz}); err != nil {
 			t.Fatal(err)
 		}
-		// ^C once the server is copying. (Cancelled before its thread
-		// ran, Linux 6.1's copy is never cleaned up: DESTROY_CLIENTID
-		// then fails with NFS4ERR_CLIENTID_BUSY.)
+		// ^C once the server is copying. (Cancelled before it had
+		// copied anything, Linux 6.1's copy left the client ID busy:
+		// DESTROY_CLIENTID failed with NFS4ERR_CLIENTID_BUSY.)
 		cctx, cancel := context.WithCancel(ctx)
 		type result struct {
 			r   CopyResult
