@@ -267,7 +267,7 @@ func TestSeekDataHole(t *testing.T) {
 }
 
 // TestCopyFileRangeLarge checks that one copy_file_range(2) of a whole
-// 64 MiB file, as cp(1) asks, is copied whole by one call where the
+// 24 MiB file (six times knfsd's 4 MiB), as cp(1) asks, is copied whole by one call where the
 // server has COPY, although knfsd copies at most 4 MiB per synchronous
 // COPY: the client asks for a copy in the background (RFC 7862 s15.2.3)
 // and waits for its CB_OFFLOAD, over TCP and over RPC-over-RDMA's
@@ -280,7 +280,9 @@ func TestCopyFileRangeLarge(t *testing.T) {
 		requireV42(t, m)
 		d := freshDir(t, mnt)
 		defer os.RemoveAll(d)
-		const size = 64 << 20
+		// Kept small: the knfsd guest's virtio-net under TCG is the
+		// weak spot of heavy traffic (test/kpeer/README.md).
+		const size = 24 << 20
 		src := make([]byte, size)
 		for i := range src {
 			src[i] = byte(i*13/7 + i>>20)

@@ -18,7 +18,8 @@ import (
 // unbind and bind) under two mounts, one over TCP and one over RDMA: the
 // guest's netwatch does that when qemu's virtio-net stops taking its
 // transmit queue (test/kpeer/guest/init). The RDMA device on the NIC
-// (siw) goes away with it and comes back. Both mounts go on: data
+// (siw) goes away with it, while the RDMA mount writes and reads, and
+// comes back. Both mounts go on: data
 // written through one before the reset reads back through the other
 // after it, and the other way round.
 func TestServerNICReset(t *testing.T) {
@@ -39,6 +40,25 @@ func TestServerNICReset(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	// RDMA traffic in flight when the device goes: the guest's svcrdma
+	// connections then have work to end before siw can let go.
+	busy, stopBusy := context.WithCancel(ctx)
+	busyDone := make(chan error, 1)
+	go func() {
+		f := filepath.Join(dr, "busy")
+		for busy.Err() == nil {
+			if err := os.WriteFile(f, before, 0o644); err != nil {
+				busyDone <- err
+				return
+			}
+			if _, err := os.ReadFile(f); err != nil {
+				busyDone <- err
+				return
+			}
+		}
+		busyDone <- nil
+	}()
+	time.Sleep(2 * time.Second) // let it run
 	// What netwatch looks for, as the guest's kernel logs it.
 	if out, err := k.Exec(ctx, "echo 'kpeer test: NETDEV WATCHDOG: eth0 (virtio_net): transmit queue 0 timed out' > /dev/kmsg"); err != nil {
 		t.Fatalf("guest: %v: %s", err, out)
@@ -57,6 +77,10 @@ func TestServerNICReset(t *testing.T) {
 		t.Fatalf("the reset did not bring eth0, siw0 and the RDMA listener back; console:\n%s", console)
 	}
 
+	stopBusy()
+	if err := <-busyDone; err != nil {
+		t.Errorf("writing and reading over RDMA during the reset: %v", err)
+	}
 	got, err := os.ReadFile(filepath.Join(dr, "before"))
 	if err != nil || !bytes.Equal(got, before) {
 		t.Fatalf("reading over RDMA after the reset what TCP wrote before it: %d bytes, equal %v, %v", len(got), bytes.Equal(got, before), err)
