@@ -193,10 +193,7 @@ func mount(t *testing.T, p peer, opts ...string) string {
 // before the mount options.
 func mountWith(t *testing.T, p peer, flags []string, opts ...string) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := mountDir(t)
 	o := append(append([]string{"port=" + p.port}, p.opts...), opts...)
 	args := append(append([]string{"mount"}, flags...), "-o", strings.Join(o, ","), p.source(), dir)
 	if v := os.Getenv("RDMAFS_TEST_TRACE"); v != "" && flags == nil {

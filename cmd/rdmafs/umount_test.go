@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 )
 
 // knfsdClients returns knfsd's client directories with their info files.
@@ -98,13 +96,7 @@ func TestUmountCleansUp(t *testing.T) {
 // directory meanwhile has its own stats socket, which the old process
 // must not remove when it exits at last.
 func TestStatsSocketOfNextMount(t *testing.T) {
-	g := testpeer.RequireGanesha(t)
-	host, port := splitAddr(t, g.Addr)
-	p := peer{name: "ganesha", host: host, port: port, export: g.Export}
-	dir := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	p, dir := ganeshaPeer(t), mountDir(t)
 	mountOn := func() int {
 		if out, code := runBin(t, 2*time.Minute, "mount", "-o", "port="+p.port, p.source(), dir); code != 0 {
 			t.Fatalf("rdmafs mount: exit %d: %s", code, out)
@@ -142,13 +134,7 @@ func TestStatsSocketOfNextMount(t *testing.T) {
 // the mount ends. (Descriptor 3 would not show it: the report pipe
 // replaces it in the background process.)
 func TestMountKeepsNoCallerFD(t *testing.T) {
-	g := testpeer.RequireGanesha(t)
-	host, port := splitAddr(t, g.Addr)
-	p := peer{name: "ganesha", host: host, port: port, export: g.Export}
-	dir := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	p, dir := ganeshaPeer(t), mountDir(t)
 	lock := filepath.Join(t.TempDir(), "lock")
 	script := `exec 7>"$1" && flock 7 && exec "$2" mount -o "port=$3" "$4" "$5"`
 	out, err := exec.Command("/bin/sh", "-c", script, "sh", lock, rdmafsBin(t), p.port, p.source(), dir).CombinedOutput()
