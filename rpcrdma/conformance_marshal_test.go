@@ -190,8 +190,8 @@ func TestConformanceInlineCall(t *testing.T) {
 		if binary.BigEndian.Uint32(send[MinHeaderLen:]) != binary.BigEndian.Uint32(send) {
 			t.Fatal("the payload does not start with rdma_xid")
 		}
-		if len(r.regs) != 0 || c.t.pd.LiveRemoteRegions() != 0 {
-			t.Fatalf("an inline call exposed %d regions", len(r.regs))
+		if r.exposures() != 0 || c.t.pd.LiveRemoteRegions() != 0 {
+			t.Fatalf("an inline call exposed %d regions", r.exposures())
 		}
 	}
 }
@@ -300,8 +300,8 @@ func TestConformancePositionZero(t *testing.T) {
 			if binary.BigEndian.Uint32(chunk) != h.XID {
 				t.Fatal("rdma_xid differs from the XID in the chunk")
 			}
-			if len(r.regs) != len(h.Reads) {
-				t.Fatalf("%d exposures for %d segments", len(r.regs), len(h.Reads))
+			if r.exposures() != len(h.Reads) || len(r.readRegs) != len(h.Reads) {
+				t.Fatalf("%d exposures (%d for the Read chunk) for %d segments", r.exposures(), len(r.readRegs), len(h.Reads))
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package rpcrdma
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -49,17 +50,17 @@ type req struct {
 	hdrBuf xdr.Encoder
 	pieces [][]byte // what the Send carries: transport header, then RPC message parts
 
-	regs      []*mrcache.Registration // exposures, invalidated before the reply is used
-	binds     []*verbs.MemoryRegion   // backs bindList, kept with the pooled req
-	owned     [][]byte                // transport buffers of this call, back to the pool at its end
-	bounceIn  [][]byte                // Write chunk segments standing in for a ReplyBulk outside the slab
-	writeOff  []Segment               // the Write chunk offered (empty: none), to check the reply's echo
-	writeRegs int                     // regs[writeFrom:writeFrom+writeRegs] expose the Write chunk's segments, in order
-	writeFrom int
-	// regs[readFrom:] expose the call's Read chunk: the peer may only
-	// read them, so they are invalidated by the caller before the call
-	// returns, not before the reply is looked at.
-	readFrom int
+	// What the call exposed, one list per chunk kind (RFC 8166 s3.4), in
+	// the order of the chunk's segments. The peer may write the Write
+	// and Reply chunks', which are invalidated before the reply is looked
+	// at; it may only read the Read chunk's, invalidated by the caller
+	// before the call returns.
+	writeRegs, replyRegs, readRegs []*mrcache.Registration
+
+	binds    []*verbs.MemoryRegion // backs bindList, kept with the pooled req
+	owned    [][]byte              // transport buffers of this call, back to the pool at its end
+	bounceIn [][]byte              // Write chunk segments standing in for a ReplyBulk outside the slab
+	writeOff []Segment             // the Write chunk offered (empty: none), to check the reply's echo
 	// writePlaced is what the provider saw placed in each Write chunk
 	// segment, counted by invalidate (mrcache InvalidatePlaced); nil
 	// when it cannot know (a hardware provider).
@@ -99,8 +100,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	call := r.call
 	h := &r.hdr
 	*h = Header{XID: call.XID, Vers: vers, Credit: credits, Proc: ProcMsg, Reads: h.Reads[:0], Writes: h.Writes[:0]}
-	r.writeRegs, r.writePlaced, r.replyKnown = 0, nil, false
-	r.readFrom = maxRegs // until the call side is marshalled: all
+	r.writePlaced, r.replyKnown = nil, false
 	pool := c.t.pool
 
 	// Reply side first: it adds to the header's size. The reply's
@@ -110,13 +110,11 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	recvRoom := recvLimit - replyHeaderRoom
 	if n := len(call.ReplyBulk); n > 0 && call.MaxReplySize+n > recvRoom {
 		// RFC 8166 s3.4.6: a Write chunk gets no room for XDR padding.
-		r.writeFrom = len(r.regs)
-		segs, bounce, err := c.exposeBulk(ctx, r, call.ReplyBulk, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, r.writeOff[:0])
+		segs, bounce, err := c.exposeBulk(ctx, r, &r.writeRegs, call.ReplyBulk, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, r.writeOff[:0])
 		if err != nil {
 			return err
 		}
 		r.writeOff, r.bounceIn = segs, bounce
-		r.writeRegs = len(r.regs) - r.writeFrom
 		h.Writes = append(h.Writes, r.writeOff)
 		r.kinds[1] = chunkWrite
 	}
@@ -128,7 +126,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		}
 		r.replyBuf = buf
 		clearUncounted(pool, buf)
-		reg, err := c.expose(r, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		reg, err := c.expose(r, &r.replyRegs, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			return err
 		}
@@ -146,7 +144,6 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		hdrLen += 4 + writeSegLen*len(h.Reply)
 	}
 	pad := zeroPad[:xdr.Pad(len(call.Bulk))]
-	r.readFrom = len(r.regs)
 	switch {
 	case hdrLen+call.Len() <= sendSize:
 		r.kinds[0] = chunkInline
@@ -156,7 +153,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		// RFC 8166 s3.4.5: the Read chunk's position is the offset of the
 		// reduced item in the whole payload stream; the item's XDR pad
 		// goes with it (s3.4.4), so Tail follows Head directly.
-		segs, _, err := c.exposeBulk(ctx, r, call.Bulk, verbs.AccessRemoteRead, r.readSegs[:0])
+		segs, _, err := c.exposeBulk(ctx, r, &r.readRegs, call.Bulk, verbs.AccessRemoteRead, r.readSegs[:0])
 		if err != nil {
 			return err
 		}
@@ -178,7 +175,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		k += copy(buf[k:], pad)
 		copy(buf[k:], call.Tail)
 		c.t.stats.copied.Add(uint64(len(call.Bulk)))
-		reg, err := c.expose(r, buf, verbs.AccessRemoteRead)
+		reg, err := c.expose(r, &r.readRegs, buf, verbs.AccessRemoteRead)
 		if err != nil {
 			return err
 		}
@@ -229,18 +226,19 @@ func bulkSegments(pool *mrcache.Pool, data []byte) int {
 }
 
 // exposeBulk exposes data for a Read chunk (access remote read) or a Write
-// chunk (remote write) and appends its segments to segs. Data in the slab
+// chunk (remote write), adds the exposures to regs and appends its
+// segments to segs. Data in the slab
 // is exposed where it is, as one segment; other data goes through
 // transport buffers of at most bounceSize bytes, one segment each: for a
 // Read chunk data is copied in now, for a Write chunk the returned
 // buffers are copied out when the reply comes (both counted).
-func (c *conn) exposeBulk(ctx context.Context, r *req, data []byte, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
+func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registration, data []byte, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
 	pool := c.t.pool
 	if pool.Contains(data) {
 		if access&verbs.AccessRemoteWrite != 0 {
 			clearUncounted(pool, data)
 		}
-		reg, err := c.expose(r, data, access)
+		reg, err := c.expose(r, regs, data, access)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -260,7 +258,7 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, data []byte, access verbs
 		} else {
 			clearUncounted(pool, buf)
 		}
-		reg, err := c.expose(r, buf[:max(len(buf), 1)], access)
+		reg, err := c.expose(r, regs, buf[:max(len(buf), 1)], access)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -298,13 +296,14 @@ func (c *conn) callBuffer(ctx context.Context, r *req, n int) ([]byte, error) {
 	return b, nil
 }
 
-// expose offers exactly buf to the peer for this call (RFC 8166 s8.1).
-func (c *conn) expose(r *req, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
+// expose offers exactly buf to the peer for this call (RFC 8166 s8.1)
+// and adds the exposure to regs, one of r's lists.
+func (c *conn) expose(r *req, regs *[]*mrcache.Registration, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
 	reg, err := c.t.pool.Expose(buf, access)
 	if err != nil {
 		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", r.xid, err)
 	}
-	r.regs = append(r.regs, reg)
+	*regs = append(*regs, reg)
 	if c.t.cfg.Tracer.On(trace.MR) {
 		c.t.cfg.Tracer.Printf(trace.MR, "mr_map xid=%#x stag=%#x len=%d access=%v", r.xid, reg.STag, reg.Len, access)
 	}
@@ -337,99 +336,125 @@ const invalidateWait = 2 * time.Second
 // outlives connections: its buffers are withdrawn for good and the
 // transport refuses further calls (ErrExposed).
 func (r *req) invalidate(c *conn) error {
-	return r.invalidateFirst(c, len(r.regs), false)
+	first := r.invalidateWritable(c, false)
+	if err := r.invalidateReadable(c); first == nil {
+		first = err
+	}
+	return first
+}
+
+// exposures returns how many exposures of r are live.
+func (r *req) exposures() int {
+	return len(r.writeRegs) + len(r.replyRegs) + len(r.readRegs)
 }
 
 // bindList returns the regions of the call's exposures, for its Send to
 // bind (verbs.SendWR.Bind), or nil if it has none.
 func (r *req) bindList() []*verbs.MemoryRegion {
-	if len(r.regs) == 0 {
+	if r.exposures() == 0 {
 		return nil
 	}
 	binds := r.binds[:0]
-	for _, reg := range r.regs {
-		binds = append(binds, reg.MR())
+	for _, regs := range [...][]*mrcache.Registration{r.writeRegs, r.replyRegs, r.readRegs} {
+		for _, reg := range regs {
+			binds = append(binds, reg.MR())
+		}
 	}
 	r.binds = binds
 	return binds
 }
 
-// maxRegs stands for "every exposure" in readFrom.
-const maxRegs = 1 << 30
-
-// invalidateFirst is invalidate for the first n exposures of r (all
-// with n >= len(r.regs)); the others stay, first in r.regs. With rx set
-// it runs on the receive path, maybe in the provider's receiving
-// goroutine (recvHandlerSetter), which closing the queue pair would wait
-// for.
+// invalidateWritable is invalidate for the exposures the peer may write,
+// the Write and Reply chunks', which end before the reply is looked at.
+// With rx set it runs on the receive path, maybe in the provider's
+// receiving goroutine (recvHandlerSetter), which closing the queue pair
+// would wait for.
 //
-// Each exposure is first invalidated without waiting, which needs no
+// It notes what the peer placed in each (RFC 8166 s3.4.6: only the bytes
+// the responder wrote are data), for the reply to be checked against.
+func (r *req) invalidateWritable(c *conn, rx bool) error {
+	var first error
+	known := true // every Write chunk segment's placed count is known
+	placed := r.placedBuf[:0]
+	for i, reg := range r.writeRegs {
+		n, ok, err := r.end(c, reg, rx)
+		if err != nil {
+			n = 0 // the call fails: see invalidate
+			first = cmp.Or(first, err)
+		}
+		placed = append(placed, n)
+		known = known && ok
+		r.writeRegs[i] = nil
+	}
+	r.placedBuf = placed
+	if len(r.writeRegs) > 0 && known {
+		r.writePlaced = placed
+	}
+	r.writeRegs = r.writeRegs[:0]
+	for i, reg := range r.replyRegs {
+		n, ok, err := r.end(c, reg, rx)
+		if err != nil {
+			first = cmp.Or(first, err)
+		} else {
+			r.replyPlaced, r.replyKnown = n, ok
+		}
+		r.replyRegs[i] = nil
+	}
+	r.replyRegs = r.replyRegs[:0]
+	return first
+}
+
+// invalidateReadable is invalidate for the Read chunk's exposures.
+func (r *req) invalidateReadable(c *conn) error {
+	var first error
+	for i, reg := range r.readRegs {
+		if _, _, err := r.end(c, reg, false); err != nil {
+			first = cmp.Or(first, err)
+		}
+		r.readRegs[i] = nil
+	}
+	r.readRegs = r.readRegs[:0]
+	return first
+}
+
+// end invalidates one exposure of r and returns what the provider saw
+// placed in it (known false: it cannot count). An error closes the
+// connection (see invalidate; rx as for invalidateWritable).
+//
+// The exposure is first invalidated without waiting, which needs no
 // timer: only when the provider is still using the region (a Read chunk
 // whose Read Response it is finishing when the reply comes: a few calls
 // in a hundred with the responder in another process, about half with
 // it in this one) does the bounded wait follow. The region is invalid
 // after the first attempt either way; the second only waits.
-func (r *req) invalidateFirst(c *conn, n int, rx bool) error {
-	n = min(n, len(r.regs))
-	var first error
-	known := true // every Write chunk segment's placed count is known
-	placed := r.placedBuf[:0]
-	for i, reg := range r.regs[:n] {
-		// A Write chunk segment counts what the peer placed once no
-		// placement can run any more (RFC 8166 s3.4.6: only the bytes
-		// it wrote are data).
-		k := i - r.writeFrom
-		isWrite := k >= 0 && k < r.writeRegs
-		// No placement in progress is the common case: no wait.
-		n, ok, err := reg.InvalidatePlaced(noWait)
-		if err != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
-			n, ok, err = reg.InvalidatePlaced(ctx)
-			cancel()
-		}
-		switch {
-		case isWrite && err == nil:
-			placed = append(placed, n)
-			known = known && ok
-		case isWrite:
-			placed = append(placed, 0) // the call fails: see below
-		case err == nil && len(r.replySegs) > 0 && reg.STag == r.replySegs[0].Handle:
-			r.replyPlaced, r.replyKnown = n, ok // the Reply chunk's
-		}
-		if c.t.cfg.Tracer.On(trace.MR) {
-			c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", r.xid, reg.STag, err)
-		}
-		if err != nil {
-			c.t.tracef(trace.RDMA, "xid=%#x: %v: closing the connection", r.xid, err)
-			if rx {
-				// The close stops the placement all the same
-				// (not this goroutine's: it places nothing while
-				// the reply is handled); Invalidate waits for it.
-				c.failRx(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
-			} else {
-				c.qp.Close()
-				go c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
-			}
-			if err := reg.Invalidate(context.Background()); err != nil {
-				r.exposed = true
-				c.t.disable(fmt.Errorf("%w: xid %#x: %w", ErrExposed, r.xid, err))
-			}
-			if first == nil {
-				first = err
-			}
-		}
-		r.regs[i] = nil
+func (r *req) end(c *conn, reg *mrcache.Registration, rx bool) (placed int, known bool, err error) {
+	placed, known, err = reg.InvalidatePlaced(noWait)
+	if err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
+		placed, known, err = reg.InvalidatePlaced(ctx)
+		cancel()
 	}
-	r.placedBuf = placed
-	if r.writeRegs > 0 && known {
-		r.writePlaced = placed
+	if c.t.cfg.Tracer.On(trace.MR) {
+		c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", r.xid, reg.STag, err)
 	}
-	// The Write chunk's exposures come before the Read chunk's (marshal
-	// does the reply side first), so none of them stays.
-	k := copy(r.regs, r.regs[n:])
-	clear(r.regs[k:])
-	r.regs, r.writeRegs, r.readFrom = r.regs[:k], 0, 0
-	return first
+	if err == nil {
+		return placed, known, nil
+	}
+	c.t.tracef(trace.RDMA, "xid=%#x: %v: closing the connection", r.xid, err)
+	if rx {
+		// The close stops the placement all the same (not this
+		// goroutine's: it places nothing while the reply is handled);
+		// Invalidate waits for it.
+		c.failRx(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
+	} else {
+		c.qp.Close()
+		go c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
+	}
+	if err := reg.Invalidate(context.Background()); err != nil {
+		r.exposed = true
+		c.t.disable(fmt.Errorf("%w: xid %#x: %w", ErrExposed, r.xid, err))
+	}
+	return 0, false, err
 }
 
 // disable makes the transport refuse calls for good: memory it exposed

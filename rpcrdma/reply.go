@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -148,7 +149,7 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	// the caller's to invalidate before the call returns (conn.send):
 	// its provider may still be finishing the RDMA Read response, and
 	// this loop need not wait for that.
-	invErr := r.invalidateFirst(c, r.readFrom, true)
+	invErr := r.invalidateWritable(c, true)
 	if invErr != nil {
 		if lend {
 			c.returnRecv(i)
@@ -200,9 +201,11 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 
 // offered reports whether stag is one of the call's exposures.
 func (r *req) offered(stag uint32) bool {
-	for _, reg := range r.regs {
-		if reg.STag == stag {
-			return true
+	for _, regs := range [...][]*mrcache.Registration{r.writeRegs, r.replyRegs, r.readRegs} {
+		for _, reg := range regs {
+			if reg.STag == stag {
+				return true
+			}
 		}
 	}
 	return false

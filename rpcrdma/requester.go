@@ -284,8 +284,8 @@ func (c *conn) send(ctx context.Context, r *req) error {
 		// before the call returns (RFC 8166 s8.1.3); if it cannot be,
 		// the connection is closed and the call fails (s4.5.4). The
 		// provider may have yet to end its Read Response access when
-		// the reply comes (invalidateFirst then waits).
-		if err := r.invalidateFirst(c, len(r.regs), false); err != nil && r.err == nil {
+		// the reply comes (invalidate then waits).
+		if err := r.invalidate(c); err != nil && r.err == nil {
 			if r.reply != nil {
 				r.reply.Release()
 				r.reply = nil
