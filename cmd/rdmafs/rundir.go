@@ -221,5 +221,32 @@ func handleCache(server, export, dir string) string {
 		return ""
 	}
 	sum := sha256.Sum256([]byte(server + "\x00" + export + "\x00" + filepath.Clean(dir)))
-	return filepath.Join(d, hex.EncodeToString(sum[:8])+".handles")
+	path := filepath.Join(d, hex.EncodeToString(sum[:8])+".handles")
+	pruneHandleCaches(d, path, time.Now().Add(-handleCacheMaxAge))
+	return path
+}
+
+// handleCacheMaxAge is how long the handle cache of a mount point not
+// mounted since is kept. There is one per server, export and mount point
+// ever used; a remount soon after an unmount is what it is for.
+const handleCacheMaxAge = 14 * 24 * time.Hour
+
+// pruneHandleCaches removes the handle caches in dir last saved before
+// cutoff, except keep and those a live mount holds (locked from its start
+// to its Shutdown, fuse.Options.HandleCache).
+func pruneHandleCaches(dir, keep string, cutoff time.Time) {
+	names, _ := filepath.Glob(filepath.Join(dir, "*.handles"))
+	for _, name := range names {
+		if st, err := os.Stat(name); name == keep || err != nil || !st.ModTime().Before(cutoff) {
+			continue
+		}
+		f, err := os.Open(name)
+		if err != nil {
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			os.Remove(name)
+		}
+		f.Close()
+	}
 }
