@@ -5,7 +5,8 @@
 # the ratios (issue 21's "Done when" figures):
 #
 #  copy   knfsd in the qemu guest (the server with COPY; ganesha 4.3 has
-#         none), ext4 export on a RAM disk of EXPORTSIZE: cp(1) of a
+#         none), EXPORTFS export (ext4, or xfs: knfsd's COPY then clones
+#         extents) on a RAM disk of EXPORTSIZE: cp(1) of a
 #         SIZE MiB file to the same export (coreutils cp uses
 #         copy_file_range, which the mount sends as NFSv4.2 COPY) against
 #         the same copy with read/write (dd bs=1M), each followed by an
@@ -31,7 +32,7 @@
 # Knobs: SIZE (MiB, default 1024), ROUNDS (5), PROTOS ("tcp rdma": the
 # knfsd copy mounts), COPY=0 (skip knfsd copy), GANESHA=0 (skip ganesha
 # sparse), KNFSD_SPARSE=1 (sparse read on knfsd too, over each of PROTOS),
-# EXPORTSIZE (knfsd export, default 3g), KPEER_MEM (guest MiB, default 4096),
+# EXPORTSIZE (knfsd export, default 3g), EXPORTFS (ext4, the default, or xfs), KPEER_MEM (guest MiB, default 4096),
 # VERIFY=1 (compare whole copies, not three MiB of them), KNFSD_PORTS="T R S"
 # (use a knfsd guest already running with TCP, RDMA and shell ports T R S).
 set -euo pipefail
@@ -42,6 +43,7 @@ SIZE=${SIZE:-1024}
 ROUNDS=${ROUNDS:-5}
 PROTOS=${PROTOS:-tcp rdma}
 EXPORTSIZE=${EXPORTSIZE:-3g}
+EXPORTFS=${EXPORTFS:-ext4}
 BIN=$ROOT/bin/rdmafs
 [ "$(id -u)" = 0 ] || { echo "bench-v42: needs root (drop_caches, ganesha)" >&2; exit 1; }
 make -s build
@@ -201,9 +203,9 @@ if [ "${COPY:-1}" = 1 ] || [ "${KNFSD_SPARSE:-0}" = 1 ]; then
     KRUN=external
   else
     KRUN=$W/kpeer KTCP=$(freeport) KRDMA=$(freeport) KSHELL=$(freeport)
-    log "booting knfsd (KPEER_MEM=${KPEER_MEM:-4096}, export ${EXPORTSIZE})"
+    log "booting knfsd (KPEER_MEM=${KPEER_MEM:-4096}, export $EXPORTFS ${EXPORTSIZE})"
     KPEER_RUN_DIR=$KRUN KPEER_TCP_PORT=$KTCP KPEER_RDMA_PORT=$KRDMA KPEER_SHELL_PORT=$KSHELL \
-      KPEER_MEM=${KPEER_MEM:-4096} KPEER_APPEND="${KPEER_APPEND:-} kpeer.exportsize=$EXPORTSIZE" KPEER_WATCH_PID=$$ \
+      KPEER_MEM=${KPEER_MEM:-4096} KPEER_APPEND="${KPEER_APPEND:-} kpeer.exportsize=$EXPORTSIZE kpeer.exportfs=$EXPORTFS" KPEER_WATCH_PID=$$ \
       test/kpeer/run.sh >"$W/kpeer.log" 2>&1 || { cat "$W/kpeer.log" >&2; exit 1; }
   fi
   echo "knfsd guest: $(cat "$KRUN/accel" 2>/dev/null || echo '?') accel, export: $(gexec 'df -h /export | tail -1')"

@@ -248,32 +248,46 @@ fi
 # them), ext4 does. ext4 and brd (the RAM disk it is made on) with their
 # module dependencies, mke2fs, and getfattr/setfattr for the control shell
 # go into a cpio of their own, so the base cache (and its CACHE_REV, shared
-# with every run.sh using the build dir) stays as it is.
-FSREV=1
-FSCPIO=$B/exportfs-ext4-rev$FSREV.cpio
+# with every run.sh using the build dir) stays as it is. XFS (module and
+# mkfs.xfs) comes with it for kpeer.exportfs=xfs: with reflink, knfsd's
+# COPY clones extents instead of copying data (vfs_copy_file_range tries
+# remap_file_range first).
+FSREV=2
+FSCPIO=$B/exportfs-rev$FSREV.cpio
 if [ "$REBUILD" = 1 ] || [ ! -s "$FSCPIO" ]; then
-  msg "ext4 export: ext4 and brd modules, e2fsprogs, attr"
+  msg "export file systems: ext4, xfs and brd modules, e2fsprogs, xfsprogs, attr"
   X=$B/fsx
   rm -rf "$X"; mkdir -p "$X/debs" "$X/stage" "$X/root/etc/kpeer" "$X/root/lib/modules/$KVER/exportfs" \
     "$X/root/sbin" "$X/root/usr/bin" "$X/root/lib/x86_64-linux-gnu"
   chmod 777 "$X/debs"
-  FSPKGS="linux-image-$KVER e2fsprogs libext2fs2 libss2 libcom-err2 libblkid1 libuuid1 libc6 attr libattr1"
+  FSPKGS="linux-image-$KVER e2fsprogs libext2fs2 libss2 libcom-err2 libblkid1 libuuid1 libc6 attr libattr1 xfsprogs libinih1 liburcu8"
   # shellcheck disable=SC2086  # FSPKGS is a word list
   fsdl() { ( cd "$X/debs" && apt-get download -q $FSPKGS >&2 ); }
   fsdl || { apt-get update "${APT_OPTS[@]}" >&2; fsdl; }
   for d in "$X"/debs/*.deb; do dpkg-deb -x "$d" "$X/stage"; done
-  FSMODS=$(python3 "$HERE/tools/closure.py" mods "$X/stage/lib/modules/$KVER" ext4 brd)
-  : > "$X/root/etc/kpeer/exportfs-modules.order"
-  for m in $FSMODS; do
-    k=$(basename "$m"); k=${k%.xz}; k=${k%.zst}
-    case "$m" in
-      *.ko.xz) xz -dc "$m" > "$X/root/lib/modules/$KVER/exportfs/$k" ;;
-      *.ko.zst) zstd -qdc "$m" > "$X/root/lib/modules/$KVER/exportfs/$k" ;;
-      *) cp "$m" "$X/root/lib/modules/$KVER/exportfs/$k" ;;
-    esac
-    echo "/lib/modules/$KVER/exportfs/$k" >> "$X/root/etc/kpeer/exportfs-modules.order"
+  # exportfs-modules.order: brd and ext4, loaded for either file system;
+  # xfs-modules.order: what xfs needs beyond them.
+  for fs in ext4 xfs; do
+    if [ $fs = ext4 ]; then
+      order=exportfs-modules.order
+      FSMODS=$(python3 "$HERE/tools/closure.py" mods "$X/stage/lib/modules/$KVER" ext4 brd)
+    else
+      order=xfs-modules.order
+      FSMODS=$(python3 "$HERE/tools/closure.py" mods "$X/stage/lib/modules/$KVER" xfs)
+    fi
+    : > "$X/root/etc/kpeer/$order"
+    for m in $FSMODS; do
+      k=$(basename "$m"); k=${k%.xz}; k=${k%.zst}
+      [ -e "$X/root/lib/modules/$KVER/exportfs/$k" ] && continue
+      case "$m" in
+        *.ko.xz) xz -dc "$m" > "$X/root/lib/modules/$KVER/exportfs/$k" ;;
+        *.ko.zst) zstd -qdc "$m" > "$X/root/lib/modules/$KVER/exportfs/$k" ;;
+        *) cp "$m" "$X/root/lib/modules/$KVER/exportfs/$k" ;;
+      esac
+      echo "/lib/modules/$KVER/exportfs/$k" >> "$X/root/etc/kpeer/$order"
+    done
   done
-  FSBINS="sbin/mke2fs usr/bin/getfattr usr/bin/setfattr"
+  FSBINS="sbin/mke2fs sbin/mkfs.xfs usr/bin/getfattr usr/bin/setfattr"
   for b in $FSBINS; do cp "$X/stage/$b" "$X/root/$b"; done
   ln -s mke2fs "$X/root/sbin/mkfs.ext4"
   # shellcheck disable=SC2086  # FSBINS is a word list
