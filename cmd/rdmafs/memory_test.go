@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
@@ -20,10 +21,11 @@ func TestRDMAMemoryStats(t *testing.T) {
 		mnt := mount(t, p, "rdmamem=32M")
 		d := testDir(t, mnt)
 		const mib = 64
-		sh(t, 5*time.Minute, fmt.Sprintf(`cd %s && dd if=/dev/urandom of=/tmp/rdmafs-mem-src bs=1M count=%d status=none &&
-			dd if=/tmp/rdmafs-mem-src of=f bs=1M oflag=direct status=none &&
-			dd if=f of=/tmp/rdmafs-mem-back bs=1M iflag=direct status=none &&
-			cmp /tmp/rdmafs-mem-src /tmp/rdmafs-mem-back && rm -f /tmp/rdmafs-mem-src /tmp/rdmafs-mem-back`, d, mib))
+		src, back := filepath.Join(t.TempDir(), "src"), filepath.Join(t.TempDir(), "back")
+		sh(t, 5*time.Minute, fmt.Sprintf(`cd %s && dd if=/dev/urandom of=%s bs=1M count=%d status=none &&
+			dd if=%[2]s of=f bs=1M oflag=direct status=none &&
+			dd if=f of=%[4]s bs=1M iflag=direct status=none &&
+			cmp %[2]s %[4]s`, d, src, mib, back))
 		out, code := runBin(t, time.Minute, "stats", mnt)
 		if code != 0 {
 			t.Fatalf("rdmafs stats: exit %d: %s", code, out)
