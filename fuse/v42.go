@@ -194,6 +194,9 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 		// DEALLOCATE has zeroed anything (ALLOCATE leaves the data).
 		steps = append([]fallocStep{steps[1]}, steps...)
 	}
+	n.mu.Lock()
+	modeBefore := n.attr.Mode
+	n.mu.Unlock()
 	for _, s := range steps {
 		op, no, call := "ALLOCATE", &v.noAllocate, v.ops.Allocate
 		if s.dealloc {
@@ -213,6 +216,15 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, length uint6
 			v.allocateWorks.Store(true)
 		}
 		n.setAttr(&a)
+		if a.Mode != modeBefore {
+			// The server cleared set-user-ID or set-group-ID, as a
+			// local file system's fallocate does for a caller
+			// without CAP_FSETID (file_modified; FUSE leaves it to
+			// us, FUSE_HANDLE_KILLPRIV_V2): the kernel's cached mode
+			// goes, as after such a WRITE (killpriv.go).
+			n.NotifyContent(-1, 0)
+			modeBefore = a.Mode
+		}
 	}
 	return 0
 }
