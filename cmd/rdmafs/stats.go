@@ -99,7 +99,11 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	fmt.Fprintf(w, "pid: %d\n", os.Getpid())
 	fmt.Fprintf(w, "device %s:%s mounted on %s with fstype fuse.rdmafs\n", o.Server, o.Export, o.Dir)
 	fmt.Fprintf(w, "opts: %s\n", o)
-	fmt.Fprintf(w, "server: %s vers=4.%d rsize=%d wsize=%d lease=%v\n", c.ServerImpl(), c.MinorVersion(), c.RSize(), c.WSize(), c.LeaseTime())
+	impl := c.ServerImpl()
+	if impl == "" {
+		impl = "(no implementation id)" // EXCHANGE_ID's eir_server_impl_id is optional
+	}
+	fmt.Fprintf(w, "server: %s vers=4.%d rsize=%d wsize=%d lease=%v\n", impl, c.MinorVersion(), c.RSize(), c.WSize(), c.LeaseTime())
 	fmt.Fprintf(w, "age: %v\n", time.Since(start).Round(time.Second))
 	s := &m.FS.Stats
 	fmt.Fprintf(w, "fuse: lookups=%d opens=%d creates=%d readdirs=%d reads=%d read_bytes=%d writes=%d write_bytes=%d flushes=%d fsyncs=%d write_errors=%d dir_getattrs_cached=%d\n",
