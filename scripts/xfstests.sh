@@ -24,6 +24,8 @@
 #   EXPORT_DIR     ganesha: the host directory to export (default: a fresh
 #                  one in /tmp; it is removed at the end)
 #   KNFSD_EXPORT_SIZE  knfsd: the size of the guest's export, kpeer.exportsize (default 1g)
+#   KNFSD_EXPORT_FS    knfsd: the guest export's file system, kpeer.exportfs
+#                  (ext4, the default, or xfs)
 #
 # Needs root (ganesha.nfsd and xfstests do). It installs, if missing, the
 # mount(8) helper /sbin/mount.fuse.rdmafs, a three-line script that runs
@@ -148,7 +150,7 @@ TEST_NAME=test-$$ SCRATCH_NAME=scratch-$$
 peer_args=(-logs "$RESULTS" -dirs "$TEST_NAME,$SCRATCH_NAME")
 case "$SERVER" in
 ganesha) peer_args+=(-server ganesha ${EXPORT_DIR:+-export-dir "$EXPORT_DIR"}) ;;
-knfsd-*) peer_args+=(-server knfsd -append "kpeer.exportsize=${KNFSD_EXPORT_SIZE:-1g}" -env KPEER_MEM=2048) ;;
+knfsd-*) peer_args+=(-server knfsd -append "kpeer.exportsize=${KNFSD_EXPORT_SIZE:-1g} kpeer.exportfs=${KNFSD_EXPORT_FS:-ext4}" -env KPEER_MEM=2048) ;;
 esac
 say "starting $SERVER (log: $RESULTS/peer.log)"
 coproc PEER { exec "$RESULTS/peer" "${peer_args[@]}" 2>"$RESULTS/peer.log"; }
