@@ -251,8 +251,9 @@ fi
 # with every run.sh using the build dir) stays as it is. XFS (module and
 # mkfs.xfs) comes with it for kpeer.exportfs=xfs: with reflink, knfsd's
 # COPY clones extents instead of copying data (vfs_copy_file_range tries
-# remap_file_range first).
-FSREV=2
+# remap_file_range first). ethtool rides along for guest/init's
+# kpeer-netreset (a transmit ring reset, ethtool -G).
+FSREV=3
 FSCPIO=$B/exportfs-rev$FSREV.cpio
 if [ "$REBUILD" = 1 ] || [ ! -s "$FSCPIO" ]; then
   msg "export file systems: ext4, xfs and brd modules, e2fsprogs, xfsprogs, attr"
@@ -260,7 +261,7 @@ if [ "$REBUILD" = 1 ] || [ ! -s "$FSCPIO" ]; then
   rm -rf "$X"; mkdir -p "$X/debs" "$X/stage" "$X/root/etc/kpeer" "$X/root/lib/modules/$KVER/exportfs" \
     "$X/root/sbin" "$X/root/usr/bin" "$X/root/lib/x86_64-linux-gnu"
   chmod 777 "$X/debs"
-  FSPKGS="linux-image-$KVER e2fsprogs libext2fs2 libss2 libcom-err2 libblkid1 libuuid1 libc6 attr libattr1 xfsprogs libinih1 liburcu8"
+  FSPKGS="linux-image-$KVER e2fsprogs libext2fs2 libss2 libcom-err2 libblkid1 libuuid1 libc6 attr libattr1 xfsprogs libinih1 liburcu8 ethtool libmnl0"
   # shellcheck disable=SC2086  # FSPKGS is a word list
   fsdl() { ( cd "$X/debs" && apt-get download -q $FSPKGS >&2 ); }
   fsdl || { apt-get update "${APT_OPTS[@]}" >&2; fsdl; }
@@ -287,7 +288,7 @@ if [ "$REBUILD" = 1 ] || [ ! -s "$FSCPIO" ]; then
       echo "/lib/modules/$KVER/exportfs/$k" >> "$X/root/etc/kpeer/$order"
     done
   done
-  FSBINS="sbin/mke2fs sbin/mkfs.xfs usr/bin/getfattr usr/bin/setfattr"
+  FSBINS="sbin/mke2fs sbin/mkfs.xfs sbin/ethtool usr/bin/getfattr usr/bin/setfattr"
   for b in $FSBINS; do cp "$X/stage/$b" "$X/root/$b"; done
   ln -s mke2fs "$X/root/sbin/mkfs.ext4"
   # shellcheck disable=SC2086  # FSBINS is a word list
