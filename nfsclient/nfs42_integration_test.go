@@ -235,15 +235,23 @@ func TestXattrs(t *testing.T) {
 	})
 }
 
+// copyFixture dials p and opens a new file "src" in a new test
+// directory, for the copy tests; the file is closed when the test ends.
+func copyFixture(t *testing.T, p peer) (context.Context, *Client, []byte, *OpenFile) {
+	t.Helper()
+	c := dial(t, p, oncrpc.TCPOptions{})
+	ctx := testCtx(t)
+	dir := testDir(t, c)
+	src := createFile(ctx, t, c, dir, "src")
+	t.Cleanup(func() { c.CloseFile(ctx, rootCred, src) })
+	return ctx, c, dir, src
+}
+
 // TestCopyClone copies inside the server (COPY) and, where the file
 // system can, clones (CLONE).
 func TestCopyClone(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, p peer) {
-		c := dial(t, p, oncrpc.TCPOptions{})
-		ctx := testCtx(t)
-		dir := testDir(t, c)
-		src := createFile(ctx, t, c, dir, "src")
-		defer c.CloseFile(ctx, rootCred, src)
+		ctx, c, dir, src := copyFixture(t, p)
 		dst := createFile(ctx, t, c, dir, "dst")
 		defer c.CloseFile(ctx, rootCred, dst)
 		data := pattern(3<<20+123, 9)
@@ -305,11 +313,7 @@ func TestCopyClone(t *testing.T) {
 // source's bytes.
 func TestCopyLarge(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, p peer) {
-		c := dial(t, p, oncrpc.TCPOptions{})
-		ctx := testCtx(t)
-		dir := testDir(t, c)
-		src := createFile(ctx, t, c, dir, "src")
-		defer c.CloseFile(ctx, rootCred, src)
+		ctx, c, dir, src := copyFixture(t, p)
 		const size = 12 << 20
 		data := pattern(size, 21)
 		writeAt(ctx, t, c, src, 0, data)
@@ -346,11 +350,7 @@ func TestCopyLarge(t *testing.T) {
 // growing, short of the whole copy), and the session goes on.
 func TestCopyInterrupt(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, p peer) {
-		c := dial(t, p, oncrpc.TCPOptions{})
-		ctx := testCtx(t)
-		dir := testDir(t, c)
-		src := createFile(ctx, t, c, dir, "src")
-		defer c.CloseFile(ctx, rootCred, src)
+		ctx, c, dir, src := copyFixture(t, p)
 		dst := createFile(ctx, t, c, dir, "dst")
 		defer c.CloseFile(ctx, rootCred, dst)
 		// 128 MiB of hole: long to copy (knfsd reads and writes the
