@@ -77,6 +77,17 @@ func v42Peers(t *testing.T, f func(t *testing.T, p peer)) {
 	})
 }
 
+// v42Dir mounts p, requires NFSv4.2 and makes a fresh directory on the
+// mount, removed when the test ends.
+func v42Dir(t *testing.T, p peer) (mnt string, m *fuse.Mount, dir string) {
+	t.Helper()
+	mnt, m = mountPeer(t, p, fuse.Options{})
+	requireV42(t, m)
+	dir = freshDir(t, mnt)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return mnt, m, dir
+}
+
 // requireV42 fails the test unless the mount speaks NFSv4.2.
 func requireV42(t *testing.T, m *fuse.Mount) {
 	t.Helper()
@@ -113,10 +124,7 @@ func fstatSize(t *testing.T, f *os.File) int64 {
 // the punch wins.
 func TestFallocate(t *testing.T) {
 	v42Peers(t, func(t *testing.T, p peer) {
-		mnt, m := mountPeer(t, p, fuse.Options{})
-		requireV42(t, m)
-		d := freshDir(t, mnt)
-		defer os.RemoveAll(d)
+		_, _, d := v42Dir(t, p)
 		f, err := os.OpenFile(filepath.Join(d, "f"), os.O_CREATE|os.O_RDWR, 0o644)
 		if err != nil {
 			t.Fatal(err)
@@ -196,10 +204,7 @@ func TestFallocate(t *testing.T) {
 // data still buffered by the mount counts.
 func TestSeekDataHole(t *testing.T) {
 	v42Peers(t, func(t *testing.T, p peer) {
-		mnt, m := mountPeer(t, p, fuse.Options{})
-		requireV42(t, m)
-		d := freshDir(t, mnt)
-		defer os.RemoveAll(d)
+		_, _, d := v42Dir(t, p)
 		f, err := os.OpenFile(filepath.Join(d, "f"), os.O_CREATE|os.O_RDWR, 0o644)
 		if err != nil {
 			t.Fatal(err)
@@ -276,10 +281,7 @@ func TestSeekDataHole(t *testing.T) {
 // through a second mount too.
 func TestCopyFileRangeLarge(t *testing.T) {
 	v42Peers(t, func(t *testing.T, p peer) {
-		mnt, m := mountPeer(t, p, fuse.Options{})
-		requireV42(t, m)
-		d := freshDir(t, mnt)
-		defer os.RemoveAll(d)
+		_, m, d := v42Dir(t, p)
 		// Kept small: the knfsd guest's virtio-net under TCG is the
 		// weak spot of heavy traffic (test/kpeer/README.md).
 		const size = 24 << 20
@@ -351,10 +353,7 @@ func TestCopyFileRangeLarge(t *testing.T) {
 // follows.
 func TestCopyFileRange(t *testing.T) {
 	v42Peers(t, func(t *testing.T, p peer) {
-		mnt, m := mountPeer(t, p, fuse.Options{})
-		requireV42(t, m)
-		d := freshDir(t, mnt)
-		defer os.RemoveAll(d)
+		_, m, d := v42Dir(t, p)
 		src := make([]byte, 3<<20+123)
 		for i := range src {
 			src[i] = byte(i * 7 / 5)
