@@ -282,7 +282,7 @@ func TestSeekDataHole(t *testing.T) {
 func TestCopyFileRangeLarge(t *testing.T) {
 	v42Peers(t, func(t *testing.T, p peer) {
 		_, m, d := v42Dir(t, p)
-		// Kept small: the knfsd guest's virtio-net under TCG is the
+		// Kept small: the knfsd guest's emulated NIC under TCG is the
 		// weak spot of heavy traffic (test/kpeer/README.md).
 		const size = 24 << 20
 		src := make([]byte, size)

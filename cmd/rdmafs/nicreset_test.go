@@ -17,7 +17,7 @@ import (
 
 // TestServerNICReset: the knfsd guest's network device is reset under
 // two mounts, one over TCP and one over RDMA, while the RDMA mount writes
-// and reads. The guest's netwatch does that when qemu's virtio-net stops
+// and reads. The guest's netwatch does that when the NIC qemu emulates stops
 // taking its transmit queue (test/kpeer/guest/init): first a reset of
 // the transmit ring alone (ethtool -G), which keeps every connection; if
 // the queue still does not move, eth0 down and up; then a driver unbind
@@ -47,7 +47,7 @@ func TestServerNICReset(t *testing.T) {
 		reconnects      bool
 	}{
 		// What netwatch looks for, as the guest's kernel logs it.
-		{"watchdog", "echo 'kpeer test: NETDEV WATCHDOG: eth0 (virtio_net): transmit queue 0 timed out' > /dev/kmsg",
+		{"watchdog", "echo 'kpeer test: NETDEV WATCHDOG: eth0 (e1000): transmit queue 0 timed out' > /dev/kmsg",
 			"eth0 reset (transmit ring reset)", false},
 		// Detached: the control shell's own connection crosses the NIC.
 		{"rebind", `setsid sh -c "sleep 1; /bin/kpeer-netreset rebind >/dev/console 2>&1" </dev/null >/dev/null 2>&1 &`,

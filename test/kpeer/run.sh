@@ -44,6 +44,10 @@
 #                              frames: siw's FPDUs are bounded by the work request
 #                              (~20 KiB for knfsd's RDMA Writes) instead of 1456 bytes;
 #                              see README "slirp or passt" for what that does and does not change
+#   KPEER_NIC=e1000|virtio     the guest's network card (default e1000): qemu's Intel
+#                              82540EM emulation, or virtio-net-pci, whose transmit
+#                              queue qemu 7.2 under TCG stalls for good now and then
+#                              (README "Network reset"); both drivers are in the guest
 #   KPEER_PCAP=FILE            record the guest's Ethernet frames (both directions) to
 #                              FILE, a pcap (qemu filter-dump); tools/mpastat.py reads it
 set -euo pipefail
@@ -66,11 +70,17 @@ KVM_PROBE=${KPEER_KVM_PROBE:-20}
 SIW_PARAMS=${KPEER_SIW_PARAMS:-1}
 REBUILD=${KPEER_REBUILD:-0}
 NET=${KPEER_NET:-user}
+NIC=${KPEER_NIC:-e1000}
+case "$NIC" in
+  e1000) NICDEV=e1000 ;;
+  virtio) NICDEV=virtio-net-pci ;;
+  *) echo "kpeer: KPEER_NIC=$NIC: want e1000 or virtio" >&2; exit 1 ;;
+esac
 case "$NET" in user|passt) ;; *) echo "kpeer: KPEER_NET=$NET: want user or passt" >&2; exit 1 ;; esac
 LOG=$R/serial.log
 PIDF=$R/qemu.pid
 # Bump when the layout of the build cache changes (forces a rebuild).
-CACHE_REV=2
+CACHE_REV=3
 APT_OPTS=(-q -o DPkg::Lock::Timeout=300)
 
 msg() { echo "[kpeer $(awk -v t0="$T0" -v t1="$(date +%s.%N)" 'BEGIN{printf "%6.1f", t1-t0}')s] $*" >&2; }
@@ -177,7 +187,7 @@ if [ "$REBUILD" = 1 ] || [ ! -e "$STAMP" ]; then
   ln -s /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$ROOT/lib64/ld-linux-x86-64.so.2"
   cp "$(command -v busybox)" "$ROOT/bin/busybox"
   MODROOT=$B/stage/lib/modules/$KVER
-  MODS=$(python3 "$HERE/tools/closure.py" mods "$MODROOT" virtio_pci virtio_net crc32c_generic crc32c_intel nfsd rpcrdma "$B/siw/siw.ko")
+  MODS=$(python3 "$HERE/tools/closure.py" mods "$MODROOT" virtio_pci virtio_net e1000 crc32c_generic crc32c_intel nfsd rpcrdma "$B/siw/siw.ko")
   mkdir -p "$ROOT/lib/modules/$KVER"
   : > "$ROOT/etc/kpeer/modules.order"
   for m in $MODS; do
@@ -419,7 +429,7 @@ boot() { # $1 = kvm|tcg
   qemu-system-x86_64 -name kpeer -machine q35 -accel "$acc" -cpu "$cpu" -m "$MEM" -smp "$SMP" \
     -kernel "$R/vmlinuz" -initrd "$R/initrd.cpio" -append "$append" \
     -netdev "$net" \
-    -device virtio-net-pci,netdev=n0 "${dump[@]}" \
+    -device "$NICDEV,netdev=n0" "${dump[@]}" \
     -display none -monitor none -serial "file:$LOG" -no-reboot \
     -daemonize -pidfile "$PIDF" >"$R/qemu.out" 2>&1 || { cat "$R/qemu.out" >&2; rm -f "$PIDF"; stop_passt; return 1; }
   echo "$acc" > "$R/accel"
