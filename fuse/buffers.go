@@ -5,17 +5,26 @@ import (
 	"sync"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
-// BufferPool is memory the transport moves without copying: the
+// BufferPool lends memory the transport moves without copying: the
 // registered slab of an RPC-over-RDMA transport (mrcache.Pool). READ data
 // lands in it by RDMA Write and goes to the kernel from it; WRITE data is
 // copied into it once, from go-fuse's request buffer, and read from it by
-// the server's RDMA Read. Get never waits: ErrNoMemory (any error) makes
-// the caller use ordinary memory, which the transport then copies.
+// the server's RDMA Read. Alloc never waits: ErrNoMemory (any error)
+// makes the caller use ordinary memory, which the transport then copies.
 type BufferPool interface {
-	Get(n int) ([]byte, error)
-	Put(b []byte) error
+	Alloc(n int) (Buffer, error)
+}
+
+// Buffer is memory lent by a BufferPool (mrcache.Buffer). The calls that
+// use it name it (the oncrpc.Registered argument of nfsclient's Read and
+// Write), so the transport knows it for its own; Release gives it back.
+type Buffer interface {
+	oncrpc.Registered
+	Release() error
 }
 
 // slabResult is a READ reply whose data stays in a pool buffer until
@@ -23,27 +32,26 @@ type BufferPool interface {
 // result (Slices), so go-fuse writes it with writev from where it is and
 // calls Done afterwards.
 type slabResult struct {
-	pool BufferPool
-	buf  []byte
-	n    int
+	buf  Buffer
+	data []byte
 }
 
 var _ gofuse.ReadResult = (*slabResult)(nil)
 
 // Bytes returns the data in place.
-func (r *slabResult) Bytes([]byte) ([]byte, gofuse.Status) { return r.buf[:r.n], gofuse.OK }
+func (r *slabResult) Bytes([]byte) ([]byte, gofuse.Status) { return r.data, gofuse.OK }
 
 // Slices returns the data in place, for a vectored write to the kernel.
-func (r *slabResult) Slices() ([][]byte, gofuse.Status) { return [][]byte{r.buf[:r.n]}, gofuse.OK }
+func (r *slabResult) Slices() ([][]byte, gofuse.Status) { return [][]byte{r.data}, gofuse.OK }
 
 // Size returns the number of data bytes.
-func (r *slabResult) Size() int { return r.n }
+func (r *slabResult) Size() int { return len(r.data) }
 
 // Done gives the buffer back once the data is with the kernel.
 func (r *slabResult) Done() {
 	if r.buf != nil {
-		r.pool.Put(r.buf)
-		r.buf = nil
+		_ = r.buf.Release()
+		r.buf, r.data = nil, nil
 	}
 }
 
@@ -73,8 +81,8 @@ func (r *replyResult) Done() {
 // writeBuffer is a file's write-back buffer: pool memory when the
 // transport has a pool, ordinary memory otherwise.
 type writeBuffer struct {
-	b    []byte // len: bytes buffered; cap: room
-	pool BufferPool
+	b    []byte       // len: bytes buffered; cap: room
+	mem  Buffer       // the pool memory b lies in; nil: ordinary memory
 	heap *heapBuffers // where ordinary memory of the recycled size goes back
 }
 
@@ -107,8 +115,8 @@ func (hb *heapBuffers) put(b []byte) {
 // newWriteBuffer returns an empty buffer with room for n bytes.
 func (f *FS) newWriteBuffer(n int) writeBuffer {
 	if p := f.opts.Buffers; p != nil {
-		if b, err := p.Get(n); err == nil {
-			return writeBuffer{b: b[:0], pool: p}
+		if m, err := p.Alloc(n); err == nil {
+			return writeBuffer{b: m.Bytes()[:0], mem: m}
 		}
 	}
 	return writeBuffer{b: f.heap.get(n), heap: &f.heap}
@@ -121,7 +129,7 @@ func (f *FS) newWriteBuffer(n int) writeBuffer {
 func (h *file) newWriteBufferLocked(ctx context.Context, n int) writeBuffer {
 	f := h.n.fsys
 	wb := f.newWriteBuffer(n)
-	if wb.pool != nil || f.opts.Buffers == nil || h.w == nil || h.w.Pending() == 0 {
+	if wb.mem != nil || f.opts.Buffers == nil || h.w == nil || h.w.Pending() == 0 {
 		return wb
 	}
 	if err := h.w.Commit(uninterrupted(ctx)); err != nil {
@@ -130,7 +138,7 @@ func (h *file) newWriteBufferLocked(ctx context.Context, n int) writeBuffer {
 		}
 		return wb
 	}
-	if better := f.newWriteBuffer(n); better.pool != nil {
+	if better := f.newWriteBuffer(n); better.mem != nil {
 		return better
 	}
 	return wb
@@ -140,13 +148,21 @@ func (h *file) newWriteBufferLocked(ctx context.Context, n int) writeBuffer {
 // came from, nil if it goes to the garbage collector; the caller no
 // longer uses b once that has run.
 func (w writeBuffer) release() func() {
-	if w.pool != nil {
-		p, b := w.pool, w.b[:cap(w.b)]
-		return func() { p.Put(b) }
+	if w.mem != nil {
+		return func() { _ = w.mem.Release() }
 	}
 	if w.heap != nil && cap(w.b) == w.heap.size {
 		hb, b := w.heap, w.b
 		return func() { hb.put(b) }
 	}
 	return nil
+}
+
+// registered returns m as the transport's kind of memory: nil stays an
+// untyped nil, so the transport sees ordinary memory.
+func registered(m Buffer) oncrpc.Registered {
+	if m == nil {
+		return nil
+	}
+	return m
 }

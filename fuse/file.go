@@ -190,21 +190,20 @@ func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadRes
 	if h.n.fsys.tr.On(trace.FUSE) {
 		start = time.Now()
 	}
-	buf, pool := dest, h.n.fsys.opts.Buffers
-	if pool != nil {
-		if b, err := pool.Get(len(dest)); err == nil {
-			buf = b
-		} else {
-			pool = nil
+	buf := dest
+	var mem Buffer
+	if pool := h.n.fsys.opts.Buffers; pool != nil {
+		if m, err := pool.Alloc(len(dest)); err == nil {
+			buf, mem = m.Bytes(), m
 		}
 	}
-	if pool == nil && len(dest) <= rsize {
+	if mem == nil && len(dest) <= rsize {
 		return h.readInPlace(ctx, dest, off, start)
 	}
-	total, err := h.readChunks(ctx, buf, uint64(off), rsize)
+	total, err := h.readChunks(ctx, buf, mem, uint64(off), rsize)
 	if err != nil && total == 0 {
-		if pool != nil {
-			pool.Put(buf)
+		if mem != nil {
+			_ = mem.Release()
 		}
 		return nil, h.n.errno("READ", err)
 	}
@@ -213,8 +212,8 @@ func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadRes
 	if h.n.fsys.tr.On(trace.FUSE) {
 		h.n.fsys.trace("READ ino=%d off=%d len=%d got=%d time=%v", h.n.StableAttr().Ino, off, len(dest), total, time.Since(start).Round(time.Microsecond))
 	}
-	if pool != nil {
-		return &slabResult{pool: pool, buf: buf, n: total}, 0
+	if mem != nil {
+		return &slabResult{buf: mem, data: buf[:total]}, 0
 	}
 	return gofuse.ReadResultData(dest[:total]), 0
 }
@@ -237,7 +236,7 @@ func (h *file) readInPlace(ctx context.Context, dest []byte, off int64, start ti
 			release()
 		}
 		// An error here leaves a short answer; the next READ reports it.
-		n, _ := h.readSeq(ctx, dest[total:], uint64(off)+uint64(total))
+		n, _ := h.readSeq(ctx, dest[total:], nil, uint64(off)+uint64(total))
 		total += n
 		res = gofuse.ReadResultData(dest[:total])
 	}
@@ -249,14 +248,14 @@ func (h *file) readInPlace(ctx context.Context, dest []byte, off int64, start ti
 	return res, 0
 }
 
-// readChunks fills dest from off with READs of at most rsize bytes, sent
-// concurrently when dest needs several (the server's rsize may be far
-// below the kernel's 1 MiB FUSE READ). It returns how many bytes at the
-// start of dest are valid.
-func (h *file) readChunks(ctx context.Context, dest []byte, off uint64, rsize int) (int, error) {
+// readChunks fills dest, which lies in mem (nil: ordinary memory), from
+// off with READs of at most rsize bytes, sent concurrently when dest
+// needs several (the server's rsize may be far below the kernel's 1 MiB
+// FUSE READ). It returns how many bytes at the start of dest are valid.
+func (h *file) readChunks(ctx context.Context, dest []byte, mem Buffer, off uint64, rsize int) (int, error) {
 	c := h.n.fsys.c
 	if len(dest) <= rsize {
-		return h.readSeq(ctx, dest, off)
+		return h.readSeq(ctx, dest, mem, off)
 	}
 	type result struct {
 		n   int
@@ -272,7 +271,7 @@ func (h *file) readChunks(ctx context.Context, dest []byte, off uint64, rsize in
 			defer wg.Done()
 			lo := i * rsize
 			chunk := dest[lo:min(len(dest), lo+rsize)]
-			n, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(lo), chunk)
+			n, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(lo), chunk, registered(mem))
 			res[i] = result{n, eof, err}
 		}()
 	}
@@ -289,20 +288,20 @@ func (h *file) readChunks(ctx context.Context, dest []byte, off uint64, rsize in
 		}
 		if r.n < want {
 			// A short READ that is not at EOF: read the rest in order.
-			n, err := h.readSeq(ctx, dest[total:], off+uint64(total))
+			n, err := h.readSeq(ctx, dest[total:], mem, off+uint64(total))
 			return total + n, err
 		}
 	}
 	return total, nil
 }
 
-// readSeq fills dest with READs one after the other.
-func (h *file) readSeq(ctx context.Context, dest []byte, off uint64) (int, error) {
+// readSeq fills dest, which lies in mem, with READs one after the other.
+func (h *file) readSeq(ctx context.Context, dest []byte, mem Buffer, off uint64) (int, error) {
 	c := h.n.fsys.c
 	total := 0
 	for total < len(dest) {
 		chunk := dest[total:min(len(dest), total+c.RSize())]
-		k, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(total), chunk)
+		k, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(total), chunk, registered(mem))
 		if err != nil {
 			return total, err
 		}
@@ -412,7 +411,7 @@ func (h *file) pastEOFLocked(off uint64) bool {
 // that extend a file (at its end) stay buffered.
 func (h *file) writeThrough(ctx context.Context, data []byte, off uint64) (uint32, syscall.Errno) {
 	ctx = uninterrupted(ctx)
-	if err := h.writeStable(ctx, data, off); err != nil {
+	if err := h.writeStable(ctx, data, nil, off); err != nil {
 		h.post = nil
 		return 0, h.n.errno("WRITE", err)
 	}
@@ -437,13 +436,13 @@ func (h *file) sendLocked() {
 	if len(h.wb.b) == 0 {
 		return
 	}
-	data, off, release := h.wb.b, h.bufOff, h.wb.release()
+	data, mem, off, release := h.wb.b, h.wb.mem, h.bufOff, h.wb.release()
 	h.wb = writeBuffer{}
 	h.sent = true
 	if h.n.fsys.tr.On(trace.FUSE) {
 		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (unstable, buffered writes coalesced)", h.n.StableAttr().Ino, off, len(data))
 	}
-	if err := h.w.WriteAt(h.n.fsys.bg, data, off, release); err != nil && h.werr == nil {
+	if err := h.w.WriteAt(h.n.fsys.bg, data, registered(mem), off, release); err != nil && h.werr == nil {
 		h.werr = err
 		h.n.fsys.Stats.WriteErrors.Add(1)
 	}
@@ -463,9 +462,9 @@ func (h *file) writeOutLocked() error {
 		return h.werr
 	}
 	if !h.sent && len(h.wb.b) > 0 && h.werr == nil {
-		data, off, release := h.wb.b, h.bufOff, h.wb.release()
+		data, mem, off, release := h.wb.b, h.wb.mem, h.bufOff, h.wb.release()
 		h.wb = writeBuffer{}
-		err := h.writeStable(h.n.fsys.bg, data, off)
+		err := h.writeStable(h.n.fsys.bg, data, mem, off)
 		if release != nil {
 			release()
 		}
@@ -514,9 +513,10 @@ func (h *file) syncLocked(ctx context.Context) error {
 	return nil
 }
 
-// writeStable sends data with FILE_SYNC WRITEs (RFC 8881 s18.32.3), and a
-// COMMIT if the server wrote less stably than asked.
-func (h *file) writeStable(ctx context.Context, data []byte, off uint64) error {
+// writeStable sends data, which lies in mem (nil: ordinary memory), with
+// FILE_SYNC WRITEs (RFC 8881 s18.32.3), and a COMMIT if the server wrote
+// less stably than asked.
+func (h *file) writeStable(ctx context.Context, data []byte, mem Buffer, off uint64) error {
 	c := h.n.fsys.c
 	if h.n.fsys.tr.On(trace.FUSE) {
 		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (file_sync, whole flush in one request)", h.n.StableAttr().Ino, off, len(data))
@@ -531,7 +531,7 @@ func (h *file) writeStable(ctx context.Context, data []byte, off uint64) error {
 			// (Linux folds GETATTR into every WRITE).
 			write = c.WriteGetAttr
 		}
-		res, err := write(ctx, h.cred, h.of.FH, h.of.StateID, off, data[:n], nfsclient.FileSync)
+		res, err := write(ctx, h.cred, h.of.FH, h.of.StateID, off, data[:n], registered(mem), nfsclient.FileSync)
 		if err != nil {
 			return fmt.Errorf("write at %d: %w", off, err)
 		}

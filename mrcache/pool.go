@@ -22,12 +22,19 @@
 // from call to call, so registration costs nothing in the steady state:
 // Stats reports exposures and how many reused a region.
 //
+// The upper layer borrows slab memory as a Buffer, a handle that travels
+// with the calls that use it (oncrpc.Call's BulkMem and ReplyBulkMem)
+// back to the transport, which exposes it where it is:
+//
 //	pool := mrcache.New(pd, 64<<20)
-//	buf, _ := pool.Get(1 << 20) // slab memory, or ErrNoMemory
-//	reg, _ := pool.Expose(buf[:4096], verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+//	buf, _ := pool.Alloc(1 << 20) // lent slab memory, or ErrNoMemory
+//	reg, _ := buf.Expose(buf.Bytes()[:4096], verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 //	// advertise reg.STag, reg.Offset, reg.Len in a Write chunk; after the reply:
 //	reg.Invalidate(ctx)
-//	pool.Put(buf)
+//	buf.Release()
+//
+// The transport's own buffers (receives, sends, Reply chunks, bounce
+// buffers) come from Get and GetWait and go back with Put.
 package mrcache
 
 import (
@@ -156,11 +163,11 @@ func orderOf(n int) int {
 	return bits.Len(uint(blocks - 1))
 }
 
-// Get returns n bytes of registered memory for a long-lived buffer of the
-// upper layer (a READ destination, a write-back buffer). It never waits:
-// when the upper layer's share of the budget is used up it returns
-// ErrNoMemory, and the caller uses ordinary memory (the transport then
-// copies it through a buffer of its own).
+// Get returns n bytes of registered memory from the upper layer's share
+// of the budget, as Alloc does, but bare: no handle says whose it is, so
+// a transport treats it as ordinary memory. The upper layer uses Alloc;
+// Get is for the pool's own users and tests that need slab memory as
+// such. It never waits: when the share is used up it returns ErrNoMemory.
 func (p *Pool) Get(n int) ([]byte, error) {
 	return p.get(n, true)
 }
@@ -410,6 +417,17 @@ func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
 		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", len(b), ErrNotRegistered)
 	}
 	c := p.chunks[ci]
+	p.mu.Unlock()
+	return p.exposeAt(c, off, len(b), access)
+}
+
+// exposeAt binds a fast-registration region to n bytes at off in chunk c.
+func (p *Pool) exposeAt(c *chunk, off uint64, n int, access verbs.Access) (*Registration, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", n, ErrClosed)
+	}
 	target := c.mr
 	var r *Registration
 	if k := len(p.idleFR); k > 0 {
@@ -424,7 +442,7 @@ func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
 		}
 		r = &Registration{pool: p, mr: mr}
 	}
-	stag, err := r.mr.FastRegister(target, off, len(b), access)
+	stag, err := r.mr.FastRegister(target, off, n, access)
 	if err != nil {
 		p.mu.Lock()
 		p.deregisterLocked(r)
@@ -432,7 +450,7 @@ func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
 			p.stats.FastRegions--
 		}
 		p.mu.Unlock()
-		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", len(b), err)
+		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", n, err)
 	}
 	r.target = c
 	p.mu.Lock()
@@ -444,7 +462,7 @@ func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
 	}
 	p.stats.LiveExposures++
 	p.mu.Unlock()
-	r.STag, r.Offset, r.Len, r.live = stag, r.mr.RemoteAddr(), len(b), true
+	r.STag, r.Offset, r.Len, r.live = stag, r.mr.RemoteAddr(), n, true
 	return r, nil
 }
 

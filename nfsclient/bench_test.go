@@ -34,7 +34,7 @@ func BenchmarkReadCompound(b *testing.B) {
 		cp.reset(rpc, oncrpc.AuthNone, "")
 		cp.sequence(testSession, 7, 3, 5)
 		cp.putFH(fh)
-		cp.read(StateID{}, 0, dest, &out)
+		cp.read(StateID{}, 0, dest, nil, &out)
 		cp.call()
 		if err := r.init(&cp, rep); err != nil {
 			b.Fatal(err)

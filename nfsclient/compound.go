@@ -82,6 +82,9 @@ type compound struct {
 	split  int     // where bulk goes in e; valid when bulk != nil
 	dest   []byte  // READ/READLINK destination
 	maxRep int     // estimated reply size beyond dest
+	// The registered memory bulk and dest lie in (nil: ordinary memory),
+	// for the transport to move them where they are (oncrpc.Call).
+	bulkMem, destMem oncrpc.Registered
 
 	// cacheThis asks the server to keep the reply in the slot's replay
 	// cache; set for compounds that are not idempotent, so a
@@ -115,6 +118,7 @@ func (c *compound) resetMinor(rpc *oncrpc.Client, cred oncrpc.Credential, tag st
 	c.decs = c.decs[:0]
 	c.softAt = 0
 	c.bulk, c.dest, c.maxRep = nil, nil, 0
+	c.bulkMem, c.destMem = nil, nil
 	c.cacheThis, c.cacheAt = false, 0
 	c.err = nil
 	clear(c.attrs[:c.nattr]) // rd and wr are set whole when used
@@ -159,9 +163,10 @@ func (c *compound) call() *oncrpc.Call {
 		c.e.PutUint32At(c.cacheAt, 1)
 	}
 	b := c.e.Bytes()
-	c.rpcCall = oncrpc.Call{XID: c.xid, Head: b, ReplyBulk: c.dest, MaxReplySize: c.maxRep + 256}
+	c.rpcCall = oncrpc.Call{XID: c.xid, Head: b, ReplyBulk: c.dest, ReplyBulkMem: c.destMem, MaxReplySize: c.maxRep + 256}
 	if c.bulk != nil {
 		c.rpcCall.Head, c.rpcCall.Bulk, c.rpcCall.Tail = b[:c.split], c.bulk, b[c.split:]
+		c.rpcCall.BulkMem = c.bulkMem
 	}
 	return &c.rpcCall
 }
@@ -396,11 +401,11 @@ func (o *readOp) decodeRes(r *results) error {
 	return nil
 }
 
-// read adds a READ of len(dest) bytes at off into dest; the result goes
-// to out.
-func (c *compound) read(sid StateID, off uint64, dest []byte, out *readOut) {
+// read adds a READ of len(dest) bytes at off into dest, which lies in
+// mem (nil: ordinary memory); the result goes to out.
+func (c *compound) read(sid StateID, off uint64, dest []byte, mem oncrpc.Registered, out *readOut) {
 	c.rd = readOp{args: read4args{stateid: sid, offset: off, count: uint32(len(dest))}, out: out}
-	c.dest = dest
+	c.dest, c.destMem = dest, mem
 	c.add(&c.rd)
 }
 
@@ -444,10 +449,12 @@ func (o *writeOp) decodeRes(r *results) error {
 	return nil
 }
 
-// write adds a WRITE of data at off; its result goes to res.
-func (c *compound) write(sid StateID, off uint64, stable Stable, data []byte, res *write4resok) {
+// write adds a WRITE of data at off, which lies in mem (nil: ordinary
+// memory); its result goes to res.
+func (c *compound) write(sid StateID, off uint64, stable Stable, data []byte, mem oncrpc.Registered, res *write4resok) {
 	c.wr = writeOp{sid: sid, off: off, stable: stable, data: data, res: res}
 	c.add(&c.wr)
+	c.bulkMem = mem
 }
 
 // Verifier is a write verifier (RFC 8881 s18.32.3).

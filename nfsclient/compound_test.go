@@ -27,7 +27,7 @@ func readCompound(cp *compound, rpc *oncrpc.Client, dest []byte) {
 	cp.reset(rpc, oncrpc.AuthNone, "")
 	cp.sequence(testSession, 7, 3, 5)
 	cp.putFH([]byte{0xaa, 0xbb, 0xcc})
-	cp.read(StateID{Seq: 1, Other: [12]byte{9}}, 0x1000, dest, new(readOut))
+	cp.read(StateID{Seq: 1, Other: [12]byte{9}}, 0x1000, dest, nil, new(readOut))
 }
 
 func TestReadCompoundGolden(t *testing.T) {
@@ -58,7 +58,7 @@ func TestWriteCompoundSplitsBulk(t *testing.T) {
 	cp.sequence(testSession, 1, 0, 0)
 	cp.putFH([]byte{1})
 	data := []byte("hello")
-	cp.write(StateID{}, 8, Unstable, data, new(write4resok))
+	cp.write(StateID{}, 8, Unstable, data, nil, new(write4resok))
 	cp.getAttr(fileAttrs, nil)
 	call := cp.call()
 	if !bytes.Equal(call.Bulk, data) {

@@ -195,7 +195,7 @@ func readAll(ctx context.Context, t *testing.T, c *Client, of *OpenFile, size in
 	out := make([]byte, size+1)
 	off := 0
 	for {
-		n, eof, err := c.Read(ctx, rootCred, of.FH, of.StateID, uint64(off), out[off:min(off+c.RSize(), len(out))])
+		n, eof, err := c.Read(ctx, rootCred, of.FH, of.StateID, uint64(off), out[off:min(off+c.RSize(), len(out))], nil)
 		if err != nil {
 			t.Fatalf("read at %d: %v", off, err)
 		}
@@ -250,7 +250,7 @@ func TestFileWriteReadTruncate(t *testing.T) {
 			}
 			data := pattern(size, uint64(i))
 			w := c.NewUnstableWriter(rootCred, of, 4)
-			if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
+			if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
 				t.Fatalf("write %s: %v", name, err)
 			}
 			if err := w.Commit(ctx); err != nil {
@@ -294,7 +294,7 @@ func TestNamespaceOps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, []byte("hello"), FileSync); err != nil {
+		if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, []byte("hello"), nil, FileSync); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.CloseFile(ctx, rootCred, of); err != nil {
@@ -551,7 +551,7 @@ func writeThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
 	of := createFile(ctx, t, c, dir, "big")
 	data := pattern(10<<20, 99)
 	w := c.NewUnstableWriter(rootCred, of, 4)
-	if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
+	if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
 		t.Fatalf("write: %v", err)
 	}
 	if err := w.Commit(ctx); err != nil {
@@ -672,13 +672,14 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	pool := tr.Buffers()
 	before := tr.Stats()
 	data := pattern(1<<20, 5)
-	src, err := pool.Get(c.WSize())
+	srcMem, err := pool.Alloc(c.WSize())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Put(src)
+	defer srcMem.Release()
+	src := srcMem.Bytes()
 	copy(src, data)
-	if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, src, FileSync); err != nil {
+	if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, src, srcMem, FileSync); err != nil {
 		t.Fatal(err)
 	}
 	live("WRITE")
@@ -689,12 +690,13 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	if st.BytesCopied != before.BytesCopied {
 		t.Fatalf("WRITE from registered memory: the transport copied %d bytes", st.BytesCopied-before.BytesCopied)
 	}
-	dest, err := pool.Get(c.WSize())
+	destMem, err := pool.Alloc(c.WSize())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Put(dest)
-	n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 0, dest)
+	defer destMem.Release()
+	dest := destMem.Bytes()
+	n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 0, dest, destMem)
 	if err != nil || n != len(dest) || !bytes.Equal(dest, data[:n]) {
 		t.Fatalf("READ: n=%d err=%v (data equal: %v)", n, err, bytes.Equal(dest[:n], data[:n]))
 	}
@@ -710,7 +712,7 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	// inline): the chunk has no room for padding and the server
 	// writes exactly 1001 (RFC 8166 s3.4.6).
 	small := make([]byte, 1001)
-	if n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 3, small); err != nil || n != 1001 || !bytes.Equal(small, data[3:1004]) {
+	if n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 3, small, nil); err != nil || n != 1001 || !bytes.Equal(small, data[3:1004]) {
 		t.Fatalf("1001-byte READ: n=%d err=%v", n, err)
 	}
 	live("small READ")
@@ -720,7 +722,7 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	// Reading again into a slice of the same buffer, as FUSE's rsize
 	// slices are: the exposure reuses a fast-registration region.
 	mem := tr.Stats().Memory
-	if _, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 4096, dest[4096:8192]); err != nil {
+	if _, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 4096, dest[4096:8192], destMem); err != nil {
 		t.Fatal(err)
 	}
 	live("second READ")
@@ -874,7 +876,7 @@ func TestCommitVerifierChangeResends(t *testing.T) {
 	of := createFile(ctx, t, c, dir, "f")
 	data := pattern(3<<20, 11)
 	w := c.NewUnstableWriter(rootCred, of, 4)
-	if err := w.WriteAt(ctx, bytes.Clone(data), 0, nil); err != nil {
+	if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	flip.armed.Store(true)

@@ -75,6 +75,7 @@ type pendingWrite struct {
 // release runs when the last one is done (written stably, or committed).
 type bufRef struct {
 	n       atomic.Int32
+	mem     oncrpc.Registered // what the data lies in (nil: ordinary memory)
 	release func()
 }
 
@@ -114,12 +115,13 @@ func (w *UnstableWriter) BackgroundCommits() int {
 	return w.bgCommits
 }
 
-// WriteAt starts writing data at off, in WSize pieces. The writer owns
-// data from now on: the caller must not change it. release, if not nil,
-// runs once the writer no longer needs data: every piece was written
-// stably or committed, or Discard dropped it.
-func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, off uint64, release func()) error {
-	ref := &bufRef{release: release}
+// WriteAt starts writing data at off, in WSize pieces. data lies in mem,
+// as for Client.Write. The writer owns data from now on: the caller must
+// not change it. release, if not nil, runs once the writer no longer
+// needs data: every piece was written stably or committed, or Discard
+// dropped it.
+func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, mem oncrpc.Registered, off uint64, release func()) error {
+	ref := &bufRef{mem: mem, release: release}
 	ref.n.Store(int32((len(data)+w.c.wsize-1)/w.c.wsize) + 1)
 	defer ref.done() // the reference WriteAt holds while it starts pieces
 	for len(data) > 0 {
@@ -239,7 +241,11 @@ func (w *UnstableWriter) unreserve(off, end uint64) {
 func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, stable Stable, ref *bufRef, seq uint64) error {
 	kept := false
 	for len(data) > 0 {
-		res, err := w.c.Write(ctx, w.cred, w.fh, w.sid, off, data, stable)
+		var mem oncrpc.Registered
+		if ref != nil {
+			mem = ref.mem
+		}
+		res, err := w.c.Write(ctx, w.cred, w.fh, w.sid, off, data, mem, stable)
 		if err != nil {
 			if !kept {
 				ref.done()

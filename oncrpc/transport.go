@@ -22,6 +22,21 @@ type Call struct {
 
 	ReplyBulk    []byte // destination for the DDP-eligible result (NFS READ data, READLINK text); nil if none
 	MaxReplySize int    // upper bound of the reply message size, excluding ReplyBulk data; 0 if unknown
+
+	// BulkMem and ReplyBulkMem name the registered memory that Bulk and
+	// ReplyBulk lie in, nil for ordinary memory. An RDMA transport
+	// exposes registered memory of its own to the peer where it is, and
+	// copies anything else through buffers of its own; other transports
+	// ignore them.
+	BulkMem, ReplyBulkMem Registered
+}
+
+// Registered is memory a transport registered for direct access by its
+// peer: an RPC-over-RDMA transport's slab buffer (mrcache.Buffer), lent
+// to the layers above and handed back with the calls that use it, so the
+// transport knows its memory by type, not by address.
+type Registered interface {
+	Bytes() []byte
 }
 
 // Len returns the size of the call message as it is encoded over TCP.

@@ -26,19 +26,26 @@ type benchTransport struct {
 	clnt *oncrpc.Client
 	// buf returns a data buffer as the data path keeps it: registered
 	// memory of the transport over RDMA, ordinary memory over TCP.
-	buf func(b *testing.B, n int) []byte
+	buf func(b *testing.B, n int) dataBuf
 }
 
-func heapBuf(_ *testing.B, n int) []byte { return make([]byte, n) }
+// dataBuf is a data buffer and, when it is registered memory lent by a
+// transport (mrcache.Buffer), that memory, for the calls to name.
+type dataBuf struct {
+	b   []byte
+	mem oncrpc.Registered
+}
 
-func slabBuf(t *Transport) func(b *testing.B, n int) []byte {
-	return func(b *testing.B, n int) []byte {
-		buf, err := t.Buffers().Get(n)
+func heapBuf(_ *testing.B, n int) dataBuf { return dataBuf{b: make([]byte, n)} }
+
+func slabBuf(t *Transport) func(b *testing.B, n int) dataBuf {
+	return func(b *testing.B, n int) dataBuf {
+		buf, err := t.Buffers().Alloc(n)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { t.Buffers().Put(buf) })
-		return buf
+		b.Cleanup(func() { buf.Release() })
+		return dataBuf{b: buf.Bytes(), mem: buf}
 	}
 }
 
@@ -145,11 +152,12 @@ func startBenchServers() (rdmaAddr, tcpAddr string, stop func(), err error) {
 }
 
 // sink sends data like an NFS WRITE: the data is the DDP-eligible Bulk.
-func sink(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, data []byte) error {
+func sink(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, buf dataBuf) error {
+	data := buf.b
 	e.Reset(e.Bytes())
 	xid := c.StartCall(e, procSink, oncrpc.AuthNone)
 	e.Uint32(uint32(len(data)))
-	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, MaxReplySize: 64})
+	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, BulkMem: buf.mem, MaxReplySize: 64})
 	if err != nil {
 		return err
 	}
@@ -159,11 +167,12 @@ func sink(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, data []byte) er
 
 // source reads len(dest) bytes like an NFS READ: into dest, placed by a
 // Write chunk over RDMA, copied from the reply over TCP.
-func source(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, dest []byte) error {
+func source(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, buf dataBuf) error {
+	dest := buf.b
 	e.Reset(e.Bytes())
 	xid := c.StartCall(e, procSource, oncrpc.AuthNone)
 	e.Uint32(uint32(len(dest)))
-	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), ReplyBulk: dest, MaxReplySize: 64})
+	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), ReplyBulk: dest, ReplyBulkMem: buf.mem, MaxReplySize: 64})
 	if err != nil {
 		return err
 	}
@@ -190,9 +199,9 @@ func BenchmarkWrite1MiB(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			data := bt.buf(b, 1<<20)
-			copy(data, pattern(1<<20))
+			copy(data.b, pattern(1<<20))
 			var e xdr.Encoder
-			b.SetBytes(int64(len(data)))
+			b.SetBytes(int64(len(data.b)))
 			b.ResetTimer()
 			for b.Loop() {
 				if err := sink(b.Context(), bt.clnt, &e, data); err != nil {
@@ -211,7 +220,7 @@ func BenchmarkRead1MiB(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			dest := bt.buf(b, 1<<20)
 			var e xdr.Encoder
-			b.SetBytes(int64(len(dest)))
+			b.SetBytes(int64(len(dest.b)))
 			b.ResetTimer()
 			for b.Loop() {
 				if err := source(b.Context(), bt.clnt, &e, dest); err != nil {
@@ -231,7 +240,7 @@ func BenchmarkRead4KiB(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			dest := bt.buf(b, 4096)
 			var e xdr.Encoder
-			b.SetBytes(int64(len(dest)))
+			b.SetBytes(int64(len(dest.b)))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
@@ -260,10 +269,10 @@ func BenchmarkRatio1MiB(b *testing.B) {
 	for _, dir := range []string{"write", "read"} {
 		b.Run(dir, func(b *testing.B) {
 			trs := [2]benchTransport{bts["rdma"], bts["tcp"]}
-			var bufs [2][]byte
+			var bufs [2]dataBuf
 			for i, bt := range trs {
 				bufs[i] = bt.buf(b, 1<<20)
-				copy(bufs[i], pattern(1<<20))
+				copy(bufs[i].b, pattern(1<<20))
 			}
 			var e xdr.Encoder
 			var spent, cpu [2]time.Duration
@@ -327,10 +336,10 @@ func BenchmarkRatioReceive(b *testing.B) {
 	}{{"read4KiB", 4 << 10}, {"read1MiB", 1 << 20}, {"write1MiB", 1 << 20}} {
 		b.Run(tc.name, func(b *testing.B) {
 			trs := [3]benchTransport{bts["tcp"], bts["rdma"], bts["rdma-poll"]}
-			var bufs [3][]byte
+			var bufs [3]dataBuf
 			for i, bt := range trs {
 				bufs[i] = bt.buf(b, tc.size)
-				copy(bufs[i], pattern(tc.size))
+				copy(bufs[i].b, pattern(tc.size))
 			}
 			var e xdr.Encoder
 			var spent [3]time.Duration

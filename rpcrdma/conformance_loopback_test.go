@@ -46,13 +46,14 @@ func TestConformanceInlineDespiteChunks(t *testing.T) {
 			t.Fatalf("%d regions left exposed", n)
 		}
 
-		dest, err := env.tr.Buffers().Get(100)
+		lent, err := env.tr.Buffers().Alloc(100)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer env.tr.Buffers().Put(dest)
+		defer lent.Release()
+		dest := lent.Bytes()
 		fill(dest, 0xff)
-		if err := source(ctx, env.clnt, &e, dest); err != nil {
+		if err := source(ctx, env.clnt, &e, dataBuf{dest, lent}); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(dest, make([]byte, 100)) {

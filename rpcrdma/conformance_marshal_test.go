@@ -206,15 +206,16 @@ func TestConformanceInlineCall(t *testing.T) {
 func TestConformanceReadChunk(t *testing.T) {
 	c, _ := confConn(t, Config{}, negV1, 1024)
 	const xid = 7
-	data, err := c.t.pool.Get(1001)
+	lent, err := c.t.pool.Alloc(1001)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.t.pool.Put(data)
+	defer lent.Release()
+	data := lent.Bytes()
 	copy(data, pattern(1001))
 	head := confCallHead(xid, 3, uint32(len(data)))
 	tail := []byte{0, 0, 0, 9, 0, 0, 0, 10}
-	r, send := confMarshal(t, c, &oncrpc.Call{XID: xid, Head: head, Bulk: data, Tail: tail, MaxReplySize: 200}, Version1, 1024, 1024)
+	r, send := confMarshal(t, c, &oncrpc.Call{XID: xid, Head: head, Bulk: data, BulkMem: lent, Tail: tail, MaxReplySize: 200}, Version1, 1024, 1024)
 	h := r.hdr
 	if h.Proc != ProcMsg || len(h.Reads) != 1 || len(h.Writes) != 0 || h.Reply != nil {
 		t.Fatalf("header %+v: want RDMA_MSG with one read segment", h)
@@ -313,12 +314,13 @@ func TestConformancePositionZero(t *testing.T) {
 // gets an empty Write list, asking for it inline (s4.3.2).
 func TestConformanceWriteChunk(t *testing.T) {
 	c, _ := confConn(t, Config{}, negV1, 1024)
-	dest, err := c.t.pool.Get(1001)
+	lent, err := c.t.pool.Alloc(1001)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.t.pool.Put(dest)
-	r, _ := confMarshal(t, c, &oncrpc.Call{XID: 31, Head: confCallHead(31, 1001), ReplyBulk: dest, MaxReplySize: 128}, Version1, 1024, 1024)
+	defer lent.Release()
+	dest := lent.Bytes()
+	r, _ := confMarshal(t, c, &oncrpc.Call{XID: 31, Head: confCallHead(31, 1001), ReplyBulk: dest, ReplyBulkMem: lent, MaxReplySize: 128}, Version1, 1024, 1024)
 	if len(r.hdr.Writes) != 1 || len(r.hdr.Writes[0]) != 1 || len(r.hdr.Reads) != 0 {
 		t.Fatalf("header %+v: want one Write chunk of one segment", r.hdr)
 	}
@@ -457,12 +459,13 @@ func TestConformanceLocalErrorFailsFast(t *testing.T) {
 // invalidation (invalidateWait).
 func TestConformanceFailedInvalidateClosesFirst(t *testing.T) {
 	c, qp := confConn(t, Config{}, negV1, 1024)
-	dest, err := c.t.pool.Get(1001)
+	lent, err := c.t.pool.Alloc(1001)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.t.pool.Put(dest)
-	r, _ := confMarshal(t, c, &oncrpc.Call{XID: 81, Head: confCallHead(81, 1001), ReplyBulk: dest, MaxReplySize: 128}, Version1, 1024, 1024)
+	defer lent.Release()
+	dest := lent.Bytes()
+	r, _ := confMarshal(t, c, &oncrpc.Call{XID: 81, Head: confCallHead(81, 1001), ReplyBulk: dest, ReplyBulkMem: lent, MaxReplySize: 128}, Version1, 1024, 1024)
 	seg := r.hdr.Writes[0][0]
 	r.done = make(chan struct{})
 	c.pending[81], c.inflight = r, 1

@@ -39,23 +39,24 @@ const (
 func newExposedCall(t *testing.T, tr *Transport, xid uint32) *exposedCall {
 	t.Helper()
 	pool := tr.Buffers()
-	bulk, err := pool.Get(exposedBulk)
+	bulkMem, err := pool.Alloc(exposedBulk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dest, err := pool.Get(2 * exposedDest)
+	destMem, err := pool.Alloc(2 * exposedDest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		pool.Put(bulk)
-		pool.Put(dest)
+		bulkMem.Release()
+		destMem.Release()
 	})
+	bulk, dest := bulkMem.Bytes(), destMem.Bytes()
 	copy(bulk, pattern(exposedBulk))
 	fill(dest, guardPattern)
 	return &exposedCall{
-		call: &oncrpc.Call{XID: xid, Head: mkCall(xid, procEcho, be32(exposedBulk)), Bulk: bulk,
-			ReplyBulk: dest[:exposedDest], MaxReplySize: 8192},
+		call: &oncrpc.Call{XID: xid, Head: mkCall(xid, procEcho, be32(exposedBulk)), Bulk: bulk, BulkMem: bulkMem,
+			ReplyBulk: dest[:exposedDest], ReplyBulkMem: destMem, MaxReplySize: 8192},
 		bulk: bulk, dest: dest, guard: dest[exposedDest:],
 	}
 }
@@ -386,19 +387,20 @@ func TestHostileStalledTransfer(t *testing.T) {
 			tr := fp.transport(Config{Version: Version1})
 			pool := tr.Buffers()
 			const size = 256 << 10
-			bulk, err := pool.Get(size)
+			bulkMem, err := pool.Alloc(size)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer pool.Put(bulk)
-			dest, err := pool.Get(size)
+			defer bulkMem.Release()
+			destMem, err := pool.Alloc(size)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer pool.Put(dest)
+			defer destMem.Release()
+			bulk, dest := bulkMem.Bytes(), destMem.Bytes()
 			fill(dest, guardPattern)
 			copy(bulk, pattern(size))
-			call := &oncrpc.Call{XID: 7, Head: mkCall(7, procEcho, be32(size)), Bulk: bulk, ReplyBulk: dest, MaxReplySize: 128}
+			call := &oncrpc.Call{XID: 7, Head: mkCall(7, procEcho, be32(size)), Bulk: bulk, BulkMem: bulkMem, ReplyBulk: dest, ReplyBulkMem: destMem, MaxReplySize: 128}
 			ctx := newDeadlineCtx(fp.ctx)
 			ch := goRoundTrip(ctx, tr, call)
 			pc := fp.accept()
@@ -468,15 +470,15 @@ func TestHostileReplyDuringReadResponse(t *testing.T) {
 	fp := newFakePeer(t, peerOpts{Credits: 4})
 	tr := fp.transport(Config{Version: Version1})
 	pc := warmUp(t, fp, tr)
-	pool := tr.Buffers()
 	const size = 256 << 10
-	bulk, err := pool.Get(size)
+	bulkMem, err := tr.Buffers().Alloc(size)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Put(bulk)
+	defer bulkMem.Release()
+	bulk := bulkMem.Bytes()
 	copy(bulk, pattern(size))
-	a := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 41, Head: mkCall(41, procEcho, be32(size)), Bulk: bulk, MaxReplySize: 128})
+	a := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 41, Head: mkCall(41, procEcho, be32(size)), Bulk: bulk, BulkMem: bulkMem, MaxReplySize: 128})
 	m := pc.recvCall()
 	if len(m.Hdr.Reads) != 1 {
 		t.Fatalf("call sent with %d read segments, want a Read chunk", len(m.Hdr.Reads))

@@ -110,7 +110,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	recvRoom := recvLimit - replyHeaderRoom
 	if n := len(call.ReplyBulk); n > 0 && call.MaxReplySize+n > recvRoom {
 		// RFC 8166 s3.4.6: a Write chunk gets no room for XDR padding.
-		segs, bounce, err := c.exposeBulk(ctx, r, &r.writeRegs, call.ReplyBulk, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, r.writeOff[:0])
+		segs, bounce, err := c.exposeBulk(ctx, r, &r.writeRegs, call.ReplyBulk, call.ReplyBulkMem, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, r.writeOff[:0])
 		if err != nil {
 			return err
 		}
@@ -126,7 +126,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		}
 		r.replyBuf = buf
 		clearUncounted(pool, buf)
-		reg, err := c.expose(r, &r.replyRegs, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		reg, err := c.expose(r, &r.replyRegs, nil, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			return err
 		}
@@ -149,11 +149,11 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		r.kinds[0] = chunkInline
 		r.pieces = append(r.pieces[:0], nil, call.Head, call.Bulk, pad, call.Tail)
 		c.t.stats.copied.Add(uint64(len(call.Bulk))) // into the send buffer
-	case call.Bulk != nil && hdrLen+readSegLen*bulkSegments(pool, call.Bulk)+len(call.Head)+len(call.Tail) <= sendSize:
+	case call.Bulk != nil && hdrLen+readSegLen*c.bulkSegments(call.Bulk, call.BulkMem)+len(call.Head)+len(call.Tail) <= sendSize:
 		// RFC 8166 s3.4.5: the Read chunk's position is the offset of the
 		// reduced item in the whole payload stream; the item's XDR pad
 		// goes with it (s3.4.4), so Tail follows Head directly.
-		segs, _, err := c.exposeBulk(ctx, r, &r.readRegs, call.Bulk, verbs.AccessRemoteRead, r.readSegs[:0])
+		segs, _, err := c.exposeBulk(ctx, r, &r.readRegs, call.Bulk, call.BulkMem, verbs.AccessRemoteRead, r.readSegs[:0])
 		if err != nil {
 			return err
 		}
@@ -175,7 +175,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		k += copy(buf[k:], pad)
 		copy(buf[k:], call.Tail)
 		c.t.stats.copied.Add(uint64(len(call.Bulk)))
-		reg, err := c.expose(r, &r.readRegs, buf, verbs.AccessRemoteRead)
+		reg, err := c.expose(r, &r.readRegs, nil, buf, verbs.AccessRemoteRead)
 		if err != nil {
 			return err
 		}
@@ -217,9 +217,20 @@ func piecesLen(pieces [][]byte) int {
 // outside the slab; larger data takes several chunk segments.
 const bounceSize = 1 << 20
 
-// bulkSegments returns how many chunk segments exposeBulk makes for data.
-func bulkSegments(pool *mrcache.Pool, data []byte) int {
-	if len(data) == 0 || pool.Contains(data) {
+// own returns mem as a buffer of this transport's slab, nil if it is
+// ordinary memory or another pool's (RFC 8166 s8.1: only memory the
+// transport registered itself is offered to its peer).
+func (c *conn) own(mem oncrpc.Registered) *mrcache.Buffer {
+	if b, ok := mem.(*mrcache.Buffer); ok && b.Pool() == c.t.pool {
+		return b
+	}
+	return nil
+}
+
+// bulkSegments returns how many chunk segments exposeBulk makes for data
+// in mem.
+func (c *conn) bulkSegments(data []byte, mem oncrpc.Registered) int {
+	if len(data) == 0 || c.own(mem) != nil {
 		return 1
 	}
 	return (len(data) + bounceSize - 1) / bounceSize
@@ -227,18 +238,18 @@ func bulkSegments(pool *mrcache.Pool, data []byte) int {
 
 // exposeBulk exposes data for a Read chunk (access remote read) or a Write
 // chunk (remote write), adds the exposures to regs and appends its
-// segments to segs. Data in the slab
-// is exposed where it is, as one segment; other data goes through
+// segments to segs. Data in a slab buffer of this transport (mem) is
+// exposed where it is, as one segment; other data goes through
 // transport buffers of at most bounceSize bytes, one segment each: for a
 // Read chunk data is copied in now, for a Write chunk the returned
 // buffers are copied out when the reply comes (both counted).
-func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registration, data []byte, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
+func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registration, data []byte, mem oncrpc.Registered, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
 	pool := c.t.pool
-	if pool.Contains(data) {
+	if buf := c.own(mem); buf != nil && len(data) > 0 {
 		if access&verbs.AccessRemoteWrite != 0 {
 			clearUncounted(pool, data)
 		}
-		reg, err := c.expose(r, regs, data, access)
+		reg, err := c.expose(r, regs, buf, data, access)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -258,7 +269,7 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registra
 		} else {
 			clearUncounted(pool, buf)
 		}
-		reg, err := c.expose(r, regs, buf[:max(len(buf), 1)], access)
+		reg, err := c.expose(r, regs, nil, buf[:max(len(buf), 1)], access)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -297,9 +308,16 @@ func (c *conn) callBuffer(ctx context.Context, r *req, n int) ([]byte, error) {
 }
 
 // expose offers exactly buf to the peer for this call (RFC 8166 s8.1)
-// and adds the exposure to regs, one of r's lists.
-func (c *conn) expose(r *req, regs *[]*mrcache.Registration, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
-	reg, err := c.t.pool.Expose(buf, access)
+// and adds the exposure to regs, one of r's lists. buf lies in src, an
+// upper-layer buffer, or (src nil) in one the transport took itself.
+func (c *conn) expose(r *req, regs *[]*mrcache.Registration, src *mrcache.Buffer, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
+	var reg *mrcache.Registration
+	var err error
+	if src != nil {
+		reg, err = src.Expose(buf, access)
+	} else {
+		reg, err = c.t.pool.Expose(buf, access)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", r.xid, err)
 	}

@@ -29,21 +29,22 @@ func TestCopiesPerByte(t *testing.T) {
 		want := make([]byte, size) // the source procedure returns zeros
 		var e xdr.Encoder
 
-		slab, err := pool.Get(size)
+		lent, err := pool.Alloc(size)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer pool.Put(slab)
+		defer lent.Release()
+		slab := lent.Bytes()
 		// Warm up: the first large payload after small messages may
 		// find part of itself already in the provider's read buffer.
-		if err := source(ctx, env.clnt, &e, slab); err != nil {
+		if err := source(ctx, env.clnt, &e, dataBuf{slab, lent}); err != nil {
 			t.Fatal(err)
 		}
 		before := env.tr.Stats()
 		const reads = 8
 		for range reads {
 			fill(slab, 0xff)
-			if err := source(ctx, env.clnt, &e, slab); err != nil {
+			if err := source(ctx, env.clnt, &e, dataBuf{slab, lent}); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(slab, want) {
@@ -60,7 +61,7 @@ func TestCopiesPerByte(t *testing.T) {
 
 		before = st
 		copy(slab, want)
-		if err := sink(ctx, env.clnt, &e, slab); err != nil {
+		if err := sink(ctx, env.clnt, &e, dataBuf{slab, lent}); err != nil {
 			t.Fatal(err)
 		}
 		st = env.tr.Stats()
@@ -75,13 +76,13 @@ func TestCopiesPerByte(t *testing.T) {
 		heap := make([]byte, size)
 		fill(heap, 0xff)
 		before = env.tr.Stats()
-		if err := source(ctx, env.clnt, &e, heap); err != nil {
+		if err := source(ctx, env.clnt, &e, dataBuf{b: heap}); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(heap, want) {
 			t.Fatal("READ into ordinary memory: data differs")
 		}
-		if err := sink(ctx, env.clnt, &e, heap); err != nil {
+		if err := sink(ctx, env.clnt, &e, dataBuf{b: heap}); err != nil {
 			t.Fatal(err)
 		}
 		st = env.tr.Stats()
@@ -89,6 +90,75 @@ func TestCopiesPerByte(t *testing.T) {
 			t.Errorf("READ and WRITE of ordinary memory: %d bytes copied, want %d (one copy each)", got, 2*size)
 		}
 	})
+}
+
+// TestOnlyLentMemoryIsExposed: the transport offers its peer only memory
+// it lent as a Buffer and the call names (Call.BulkMem, ReplyBulkMem),
+// never memory it recognises by address. Slab memory the call does not
+// name, and a Buffer of another transport's pool, go through the
+// transport's own buffers (counted copies); a named Buffer that does not
+// hold the data fails the call before anything is exposed.
+func TestOnlyLentMemoryIsExposed(t *testing.T) {
+	env := newEnv(t, Version1, ResponderConfig{}, Config{})
+	ctx := context.Background()
+	const size = 256 << 10
+	want := make([]byte, size) // the source procedure returns zeros
+	var e xdr.Encoder
+	// read reads into buf and returns the bytes copied on the way: the
+	// transport's copies out of its own buffers, and the provider's when
+	// part of a payload was already in its read buffer.
+	read := func(t *testing.T, what string, buf dataBuf) uint64 {
+		t.Helper()
+		fill(buf.b, 0xff)
+		before := env.tr.Stats()
+		if err := source(ctx, env.clnt, &e, buf); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if !bytes.Equal(buf.b, want) {
+			t.Fatalf("%s: READ data differs", what)
+		}
+		return env.tr.Stats().BytesCopied - before.BytesCopied
+	}
+
+	lent, err := env.tr.Buffers().Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lent.Release()
+	read(t, "warm-up", dataBuf{lent.Bytes(), lent}) // as in TestCopiesPerByte
+	if got := read(t, "a lent buffer", dataBuf{lent.Bytes(), lent}); got != 0 {
+		t.Fatalf("READ into a lent buffer: %d bytes copied, want 0", got)
+	}
+
+	unnamed, err := env.tr.Buffers().Get(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.tr.Buffers().Put(unnamed)
+	if got := read(t, "unnamed", dataBuf{b: unnamed}); got < size {
+		t.Fatalf("READ into slab memory the call does not name: %d bytes copied, want at least %d (through a transport buffer)", got, size)
+	}
+
+	other := NewTransport(env.resp.Addr(), Config{Provider: env.tr.cfg.Provider})
+	defer other.Close()
+	foreign, err := other.Buffers().Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Release()
+	if got := read(t, "foreign", dataBuf{foreign.Bytes(), foreign}); got < size {
+		t.Fatalf("READ into another transport's buffer: %d bytes copied, want at least %d", got, size)
+	}
+
+	exposures := env.tr.Stats().Memory.Exposures
+	err = source(ctx, env.clnt, &e, dataBuf{make([]byte, size), lent})
+	if err == nil {
+		t.Fatal("a call naming a buffer that does not hold its data succeeded")
+	}
+	t.Logf("a call naming the wrong buffer: %v", err)
+	if m := env.tr.Stats().Memory; m.Exposures != exposures || m.LiveExposures != 0 {
+		t.Fatalf("the failed call exposed memory: %d exposures (was %d), %d live", m.Exposures, exposures, m.LiveExposures)
+	}
 }
 
 func fill(b []byte, v byte) {
@@ -105,12 +175,12 @@ func fill(b []byte, v byte) {
 func TestRegistrationReuse(t *testing.T) {
 	const budget = 16 << 20
 	env := newEnv(t, Version1, ResponderConfig{Credits: 16}, Config{MemoryBytes: budget, Credits: 16})
-	pool := env.tr.Buffers()
-	buf, err := pool.Get(1 << 20)
+	lent, err := env.tr.Buffers().Alloc(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Put(buf)
+	defer lent.Release()
+	buf := lent.Bytes()
 	const rsize = 124 << 10
 	round := func() {
 		done := make(chan error)
@@ -119,7 +189,7 @@ func TestRegistrationReuse(t *testing.T) {
 			n++
 			go func(dst []byte) {
 				var e xdr.Encoder
-				done <- source(context.Background(), env.clnt, &e, dst)
+				done <- source(context.Background(), env.clnt, &e, dataBuf{dst, lent})
 			}(buf[off:min(len(buf), off+rsize)])
 		}
 		for range n {
@@ -161,19 +231,19 @@ func TestCloseDeregistersEverything(t *testing.T) {
 	tr := NewTransport(env.resp.Addr(), Config{Provider: env.tr.cfg.Provider})
 	clnt := oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{})
 	pool := tr.Buffers()
-	buf, err := pool.Get(1 << 20)
+	lent, err := pool.Alloc(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var e xdr.Encoder
-	if err := source(context.Background(), clnt, &e, buf); err != nil {
+	if err := source(context.Background(), clnt, &e, dataBuf{lent.Bytes(), lent}); err != nil {
 		t.Fatal(err)
 	}
 	tr.Close()
 	if m := pool.Stats(); m.Chunks == 0 {
 		t.Fatal("slab unmapped while the upper layer still holds a buffer")
 	}
-	if err := pool.Put(buf); err != nil {
+	if err := lent.Release(); err != nil {
 		t.Fatal(err)
 	}
 	if m := pool.Stats(); m.Chunks != 0 || m.BytesRegistered != 0 || m.FastRegions != 0 || m.BytesInUse != 0 {
@@ -207,7 +277,7 @@ func TestInlineReplyLent(t *testing.T) {
 	}
 	// The connection still works after the buffers came back.
 	var e xdr.Encoder
-	if err := source(ctx, env.clnt, &e, make([]byte, 100)); err != nil {
+	if err := source(ctx, env.clnt, &e, dataBuf{b: make([]byte, 100)}); err != nil {
 		t.Fatal(err)
 	}
 }

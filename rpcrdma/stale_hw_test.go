@@ -42,9 +42,9 @@ func TestHostileHardwareStaleBytes(t *testing.T) {
 	}
 	written := pattern(100)
 
-	writeChunk := func(t *testing.T, xid uint32, dest []byte) {
+	writeChunk := func(t *testing.T, xid uint32, dest []byte, mem oncrpc.Registered) {
 		ch := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: xid, Head: mkCall(xid, procSource, be32(exposedDest)),
-			ReplyBulk: dest, MaxReplySize: 128})
+			ReplyBulk: dest, ReplyBulkMem: mem, MaxReplySize: 128})
 		m := pc.recvCall()
 		if len(m.Hdr.Writes) != 1 || len(m.Hdr.Writes[0]) != 1 {
 			t.Fatalf("Write chunks %v", m.Hdr.Writes)
@@ -72,16 +72,16 @@ func TestHostileHardwareStaleBytes(t *testing.T) {
 
 	t.Run("write-registered", func(t *testing.T) {
 		fillSlab(t, pool)
-		dest, err := pool.Get(exposedDest)
+		lent, err := pool.Alloc(exposedDest)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer pool.Put(dest)
-		writeChunk(t, 80, dest)
+		defer lent.Release()
+		writeChunk(t, 80, lent.Bytes(), lent)
 	})
 	t.Run("write-bounce", func(t *testing.T) {
 		fillSlab(t, pool)
-		writeChunk(t, 81, make([]byte, exposedDest))
+		writeChunk(t, 81, make([]byte, exposedDest), nil)
 	})
 	t.Run("reply-chunk", func(t *testing.T) {
 		fillSlab(t, pool)

@@ -97,16 +97,16 @@ func TestNoStaleBytes(t *testing.T) {
 		fillSlabByte(t, env.tr.Buffers(), 64<<20)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		regDest, err := env.tr.Buffers().Get(1 << 20)
+		regDest, err := env.tr.Buffers().Alloc(1 << 20)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer env.tr.Buffers().Put(regDest)
+		defer regDest.Release()
 		type tc struct {
 			name string
 			call func(xid uint32) (*oncrpc.Call, []byte) // the call; the data expected back
 		}
-		echo := func(n int, dest []byte) func(uint32) (*oncrpc.Call, []byte) {
+		echo := func(n int, dest []byte, mem oncrpc.Registered) func(uint32) (*oncrpc.Call, []byte) {
 			return func(xid uint32) (*oncrpc.Call, []byte) {
 				data := noMarker(n, byte(xid))
 				var e xdr.Encoder
@@ -119,15 +119,15 @@ func TestNoStaleBytes(t *testing.T) {
 					dest = dest[:n]
 					fill(dest, slabMarker)
 				}
-				return &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, ReplyBulk: dest, MaxReplySize: maxReply}, data
+				return &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, ReplyBulk: dest, ReplyBulkMem: mem, MaxReplySize: maxReply}, data
 			}
 		}
 		cases := []tc{
-			{"inline both ways", echo(101, nil)},
-			{"Read chunk, Reply chunk", echo(5001, nil)},
-			{"Read chunk, Write chunk", echo(65537, make([]byte, 65537))},
-			{"Read chunk, Write chunk in registered memory", echo(1<<20-3, regDest)},
-			{"Read chunk, Write chunk of many segments", echo(3<<20+1, make([]byte, 3<<20+1))},
+			{"inline both ways", echo(101, nil, nil)},
+			{"Read chunk, Reply chunk", echo(5001, nil, nil)},
+			{"Read chunk, Write chunk", echo(65537, make([]byte, 65537), nil)},
+			{"Read chunk, Write chunk in registered memory", echo(1<<20-3, regDest.Bytes(), regDest)},
+			{"Read chunk, Write chunk of many segments", echo(3<<20+1, make([]byte, 3<<20+1), nil)},
 			{"Position-Zero Read chunk", func(xid uint32) (*oncrpc.Call, []byte) {
 				// A large call without Bulk, whose reply fits inline.
 				data := noMarker(9001, byte(xid))

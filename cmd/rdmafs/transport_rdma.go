@@ -5,6 +5,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/fuse"
 	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
 	"github.com/rdmafs/rdmafs/verbs"
@@ -86,9 +87,20 @@ func dialRDMA(o *mountOptions, tr *trace.Tracer) (oncrpc.Transport, error) {
 // FUSE layer's READ and WRITE buffers, or nil (TCP: ordinary memory).
 func buffersOf(t oncrpc.Transport) fuse.BufferPool {
 	if rt, ok := t.(rdmaTransport); ok {
-		return rt.Buffers()
+		return slabBuffers{rt.Buffers()}
 	}
 	return nil
+}
+
+// slabBuffers lends the transport's slab to the FUSE layer.
+type slabBuffers struct{ pool *mrcache.Pool }
+
+func (s slabBuffers) Alloc(n int) (fuse.Buffer, error) {
+	b, err := s.pool.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // Stats reports the negotiated version, thresholds, credits, chunk

@@ -211,12 +211,13 @@ func TestGuestStaleBytes(t *testing.T) {
 	}
 
 	fillSlab(t, pool)
-	dest, err := pool.Get(4096)
+	lent, err := pool.Alloc(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Put(dest)
-	rep, err := tr.RoundTrip(ctx, &oncrpc.Call{XID: 0x51, Head: head(0x51, 4096), ReplyBulk: dest, MaxReplySize: 128})
+	defer lent.Release()
+	dest := lent.Bytes()
+	rep, err := tr.RoundTrip(ctx, &oncrpc.Call{XID: 0x51, Head: head(0x51, 4096), ReplyBulk: dest, ReplyBulkMem: lent, MaxReplySize: 128})
 	if err != nil {
 		t.Fatalf("Write chunk call: %v", err)
 	}

@@ -1,0 +1,101 @@
+package mrcache
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/rdmafs/rdmafs/verbs"
+)
+
+// Buffer is slab memory on loan to the upper layer: a READ destination or
+// a write-back buffer that the transport moves without copying. It is how
+// registered memory travels through the layers above the transport (the
+// FUSE buffers, an oncrpc.Call's BulkMem and ReplyBulkMem) back to the
+// transport that exposes it: the transport knows the memory by the
+// handle, not by its address, so ordinary memory is never taken for it,
+// and exposing or returning it needs no search of the slab.
+//
+// The life of a Buffer: Alloc lends it; while a call is in flight the
+// transport exposes parts of it to the peer (Expose) and invalidates
+// them before the call returns; Release gives it back to the pool. The
+// holder must not use Bytes after Release.
+type Buffer struct {
+	pool *Pool
+	c    *chunk
+	off  uint64 // of mem in the chunk
+	mu   sync.Mutex
+	mem  []byte // nil once released
+}
+
+// Alloc lends n bytes of registered memory to the upper layer for a
+// long-lived buffer (a READ destination, a write-back buffer). Like Get
+// it never waits: when the upper layer's share of the budget is used up
+// it returns ErrNoMemory, and the caller uses ordinary memory, which the
+// transport then copies through buffers of its own.
+func (p *Pool) Alloc(n int) (*Buffer, error) {
+	mem, err := p.get(n, true)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	ci, off, _ := p.locateLocked(mem)
+	c := p.chunks[ci]
+	p.mu.Unlock()
+	return &Buffer{pool: p, c: c, off: off, mem: mem}, nil
+}
+
+// Bytes returns the buffer's memory (nil after Release).
+func (b *Buffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.mem
+}
+
+// Pool returns the pool the buffer belongs to: a transport exposes only
+// its own pool's buffers.
+func (b *Buffer) Pool() *Pool { return b.pool }
+
+// Release gives the buffer back to the pool. A second Release is an
+// error, not a second free.
+func (b *Buffer) Release() error {
+	b.mu.Lock()
+	mem := b.mem
+	b.mem = nil
+	b.mu.Unlock()
+	if mem == nil {
+		return fmt.Errorf("mrcache: release of a buffer already released: %w", ErrNotRegistered)
+	}
+	return b.pool.Put(mem)
+}
+
+// within returns the offset in b's chunk of sub, which must lie inside
+// b's memory.
+func (b *Buffer) within(sub []byte) (uint64, error) {
+	b.mu.Lock()
+	mem := b.mem
+	b.mu.Unlock()
+	if mem == nil {
+		return 0, fmt.Errorf("use of a released buffer: %w", ErrNotRegistered)
+	}
+	if len(sub) == 0 {
+		return 0, fmt.Errorf("empty slice of a buffer: %w", verbs.ErrInvalidWR)
+	}
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	at := uintptr(unsafe.Pointer(unsafe.SliceData(sub)))
+	if at < start || at+uintptr(len(sub)) > start+uintptr(len(mem)) {
+		return 0, fmt.Errorf("%d bytes not inside the %d-byte buffer: %w", len(sub), len(mem), ErrNotRegistered)
+	}
+	return b.off + uint64(at-start), nil
+}
+
+// Expose binds a fast-registration region to exactly sub, which must lie
+// inside the buffer, with the given access, under a new key (RFC 8166
+// s8.1); as Pool.Expose.
+func (b *Buffer) Expose(sub []byte, access verbs.Access) (*Registration, error) {
+	off, err := b.within(sub)
+	if err != nil {
+		return nil, fmt.Errorf("mrcache: expose: %w", err)
+	}
+	return b.pool.exposeAt(b.c, off, len(sub), access)
+}

@@ -1,0 +1,108 @@
+package mrcache
+
+import (
+	"errors"
+	"testing"
+	"unsafe"
+
+	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
+)
+
+// TestBufferLifetime: a lent Buffer exposes exactly the part of itself
+// it is asked to, and nothing outside it; after Release it can be
+// neither exposed nor released again, and its memory is free.
+func TestBufferLifetime(t *testing.T) {
+	pd := iwarp.NewProtectionDomain()
+	p := New(pd, ChunkSize)
+	b, err := p.Alloc(3 * MinBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Pool() != p || len(b.Bytes()) != 3*MinBlock {
+		t.Fatalf("Alloc(%d): %d bytes", 3*MinBlock, len(b.Bytes()))
+	}
+	if st := p.Stats(); st.BytesInUse != 4*MinBlock {
+		t.Fatalf("in use after Alloc: %d bytes, want a %d-byte block", st.BytesInUse, 4*MinBlock)
+	}
+	mem := b.Bytes()
+	mem[100] = 0x5a
+	reg, err := b.Expose(mem[100:1100], verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := iwarp.TableOf(pd).Resolve(reg.STag, verbs.AccessRemoteRead, reg.Offset, 1000)
+	if err != nil || &got[0] != &mem[100] {
+		t.Fatalf("the exposure does not resolve to the bytes asked for: %v", err)
+	}
+	if _, err := iwarp.TableOf(pd).Resolve(reg.STag, verbs.AccessRemoteRead, reg.Offset, 1001); !errors.Is(err, verbs.ErrBounds) {
+		t.Fatalf("a byte past the exposure: %v", err)
+	}
+	if err := reg.Invalidate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+
+	// Memory outside the buffer: another allocation, the heap, a slice
+	// that runs past the end.
+	other, err := p.Get(MinBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, sub := range map[string][]byte{
+		"another block": other,
+		"heap":          make([]byte, 10),
+		// The block is 4 MinBlocks: the byte after mem is slab memory.
+		"past the end": unsafe.Slice(&mem[len(mem)-10], 11),
+	} {
+		if _, err := b.Expose(sub, verbs.AccessRemoteRead); !errors.Is(err, ErrNotRegistered) {
+			t.Errorf("Expose of %s through the buffer: %v, want ErrNotRegistered", name, err)
+		}
+	}
+	if _, err := b.Expose(mem[:0], verbs.AccessRemoteRead); err == nil {
+		t.Error("Expose of nothing succeeded")
+	}
+
+	if err := b.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if b.Bytes() != nil {
+		t.Error("Bytes after Release")
+	}
+	if _, err := b.Expose(mem[:10], verbs.AccessRemoteRead); !errors.Is(err, ErrNotRegistered) {
+		t.Errorf("Expose after Release: %v", err)
+	}
+	if err := b.Release(); !errors.Is(err, ErrNotRegistered) {
+		t.Errorf("second Release: %v", err)
+	}
+	if err := p.Put(other); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Stats(); st.BytesInUse != 0 || st.LiveExposures != 0 {
+		t.Fatalf("after the releases: %d bytes in use, %d exposures live", st.BytesInUse, st.LiveExposures)
+	}
+}
+
+// TestAllocIsTheUpperShare: Alloc draws on the upper layer's share of the
+// budget, as Get does, and fails without waiting when it is used up.
+func TestAllocIsTheUpperShare(t *testing.T) {
+	p := New(iwarp.NewProtectionDomain(), ChunkSize)
+	var held []*Buffer
+	for range upperShareNum {
+		b, err := p.Alloc(ChunkSize / upperShareDen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, b)
+	}
+	if _, err := p.Alloc(MinBlock); !errors.Is(err, ErrNoMemory) {
+		t.Fatalf("Alloc beyond the upper share: %v, want ErrNoMemory", err)
+	}
+	for _, b := range held {
+		if err := b.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.Alloc(MinBlock); err != nil {
+		t.Fatalf("Alloc after the releases: %v", err)
+	}
+}
