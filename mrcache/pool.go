@@ -442,6 +442,16 @@ func (p *Pool) exposeAt(c *chunk, off uint64, n int, access verbs.Access) (*Regi
 		}
 		r = &Registration{pool: p, mr: mr}
 	}
+	if access&verbs.AccessRemoteWrite != 0 && !p.pd.CountsPlacement() {
+		// RFC 8166 s3.4.6 makes only the bytes the peer wrote data,
+		// which a provider that does not count placement (rdma-core:
+		// the device places unseen) cannot tell; the transport then
+		// takes the peer's claim, so what it claims but did not write
+		// must read as zeros, never as earlier contents of the memory
+		// (another call's data, another file's). CONFORMANCE.md, "What
+		// the client can verify".
+		clear(c.mem[off : off+uint64(n)])
+	}
 	stag, err := r.mr.FastRegister(target, off, n, access)
 	if err != nil {
 		p.mu.Lock()

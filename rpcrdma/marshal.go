@@ -125,7 +125,6 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 			return fmt.Errorf("rpcrdma: xid %#x: Reply chunk buffer: %w", r.xid, err)
 		}
 		r.replyBuf = buf
-		clearUncounted(pool, buf)
 		reg, err := c.expose(r, &r.replyRegs, nil, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			return err
@@ -244,11 +243,7 @@ func (c *conn) bulkSegments(data []byte, mem oncrpc.Registered) int {
 // Read chunk data is copied in now, for a Write chunk the returned
 // buffers are copied out when the reply comes (both counted).
 func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registration, data []byte, mem oncrpc.Registered, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
-	pool := c.t.pool
 	if buf := c.own(mem); buf != nil && len(data) > 0 {
-		if access&verbs.AccessRemoteWrite != 0 {
-			clearUncounted(pool, data)
-		}
 		reg, err := c.expose(r, regs, buf, data, access)
 		if err != nil {
 			return nil, nil, err
@@ -266,8 +261,6 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registra
 		if access&verbs.AccessRemoteRead != 0 {
 			copy(buf, piece)
 			c.t.stats.copied.Add(uint64(len(piece)))
-		} else {
-			clearUncounted(pool, buf)
 		}
 		reg, err := c.expose(r, regs, nil, buf[:max(len(buf), 1)], access)
 		if err != nil {
@@ -280,21 +273,6 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registra
 		}
 	}
 	return segs, bounce, nil
-}
-
-// clearUncounted zeroes a buffer about to be exposed for remote write
-// when the provider cannot tell how many bytes the peer placed in it
-// (rdma-core: the device places data unseen). The reply then takes the
-// peer's claimed length on trust (RFC 8166 s3.4.6 says only bytes the
-// responder wrote are data, which only the provider could check), so
-// whatever it claims but did not write must not be earlier contents of
-// the buffer: another call's data, or another file's. With the software
-// provider the placed count bounds the reply instead, and the buffer is
-// left as it is (CONFORMANCE.md, "What the client can verify").
-func clearUncounted(pool *mrcache.Pool, buf []byte) {
-	if !pool.CountsPlacement() {
-		clear(buf)
-	}
 }
 
 // callBuffer returns a slab buffer that lives as long as the call.
