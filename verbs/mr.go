@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // RegistrationHook is a provider's side of a protection domain: it
@@ -121,6 +122,28 @@ type MemoryRegion struct {
 	fast   bool          // allocated by AllocFastReg
 	parent *MemoryRegion // a fast-registration region's current target
 	offset uint64        // where buf starts in parent
+
+	// local is what Local checks, republished under pd.mu whenever it
+	// changes, so that posting a work request (every SGE is checked)
+	// takes no lock shared by all the domain's queue pairs.
+	local atomic.Pointer[localView]
+	// hookData is the registration hook's own record of the region
+	// (SetHookData), read by the provider on its data path without a
+	// lock.
+	hookData atomic.Pointer[any]
+}
+
+// localView is a registered region as Local sees it.
+type localView struct {
+	buf    []byte
+	access Access
+	stag   uint32
+	dead   bool
+}
+
+// publishLocked makes the region's current state what Local sees.
+func (mr *MemoryRegion) publishLocked() {
+	mr.local.Store(&localView{buf: mr.buf, access: mr.access, stag: mr.stag, dead: mr.dead})
 }
 
 // RegisterMemory registers buf with the given access rights. The region is
@@ -139,6 +162,7 @@ func (pd *ProtectionDomain) RegisterMemory(buf []byte, access Access) (*MemoryRe
 	if access.Remote() {
 		pd.liveRem++
 	}
+	mr.publishLocked()
 	return mr, nil
 }
 
@@ -313,19 +337,22 @@ func (mr *MemoryRegion) Valid() bool {
 // [off, off+n) lies inside it. Errors wrap ErrInvalidSTag, ErrAccess or
 // ErrBounds.
 func (mr *MemoryRegion) Local(need Access, off uint64, n uint32) ([]byte, error) {
-	mr.pd.mu.Lock()
-	defer mr.pd.mu.Unlock()
-	if mr.dead || mr.fast {
-		return nil, fmt.Errorf("local key %#08x: %w", mr.stag, ErrInvalidSTag)
+	v := mr.local.Load() // no lock: see MemoryRegion.local
+	if mr.fast || v == nil || v.dead {
+		var stag uint32
+		if v != nil {
+			stag = v.stag
+		}
+		return nil, fmt.Errorf("local key %#08x: %w", stag, ErrInvalidSTag)
 	}
-	if mr.access&need != need {
-		return nil, fmt.Errorf("local key %#08x has %v, needs %v: %w", mr.stag, mr.access, need, ErrAccess)
+	if v.access&need != need {
+		return nil, fmt.Errorf("local key %#08x has %v, needs %v: %w", v.stag, v.access, need, ErrAccess)
 	}
-	size := uint64(len(mr.buf))
+	size := uint64(len(v.buf))
 	if off > size || uint64(n) > size-off {
-		return nil, fmt.Errorf("local key %#08x: [%d, +%d) outside %d bytes: %w", mr.stag, off, n, size, ErrBounds)
+		return nil, fmt.Errorf("local key %#08x: [%d, +%d) outside %d bytes: %w", v.stag, off, n, size, ErrBounds)
 	}
-	return mr.buf[off : off+uint64(n) : off+uint64(n)], nil
+	return v.buf[off : off+uint64(n) : off+uint64(n)], nil
 }
 
 // Invalidate invalidates the region locally: its STag stops working for
@@ -401,6 +428,7 @@ func (mr *MemoryRegion) rekeyLocked(access Access) (uint32, error) {
 	if access.Remote() {
 		mr.pd.liveRem++
 	}
+	mr.publishLocked()
 	return mr.stag, nil
 }
 
@@ -466,6 +494,27 @@ func (mr *MemoryRegion) HookSTag() uint32 { return mr.stag }
 // is bound in (FastRegister), nil for other regions.
 func (mr *MemoryRegion) HookParent() *MemoryRegion { return mr.parent }
 
+// SetHookData is for RegistrationHook implementations: it attaches the
+// provider's own record of the region (a device registration, a memory
+// window), nil to drop it. HookData reads it without a lock, so a
+// provider's data path (converting SGEs, binding windows) needs no lock
+// shared by all the domain's queue pairs.
+func (mr *MemoryRegion) SetHookData(v any) {
+	if v == nil {
+		mr.hookData.Store(nil)
+		return
+	}
+	mr.hookData.Store(&v)
+}
+
+// HookData returns what SetHookData attached last, nil if nothing.
+func (mr *MemoryRegion) HookData() any {
+	if p := mr.hookData.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 // IsFast reports whether the region was made by AllocFastReg. It does not
 // lock (the property never changes).
 func (mr *MemoryRegion) IsFast() bool { return mr.fast }
@@ -508,5 +557,6 @@ func (mr *MemoryRegion) Deregister() error {
 	mr.dead = true
 	mr.buf, mr.parent = nil, nil
 	mr.pd.unindexLocked(mr)
+	mr.publishLocked()
 	return nil
 }

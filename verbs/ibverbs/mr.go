@@ -34,6 +34,7 @@ func newHook(p *Provider, dev device) *hook {
 
 // hwMR is a device registration backing a verbs.MemoryRegion.
 type hwMR struct {
+	owner      *hook // the domain's hook that made it (reg)
 	mr         *C.struct_ibv_mr
 	addr       uintptr
 	size       uint64
@@ -76,7 +77,11 @@ func (d cDevice) deregMR(r *hwMR) error {
 }
 
 // hook mirrors a ProtectionDomain's registrations on the device. Its
-// methods run with the domain's lock held; mu guards regs for PostSend.
+// methods run with the domain's lock held. Each region's device record
+// (*hwMR, or *window for a fast region backed by a memory window) hangs
+// on the region itself (verbs.MemoryRegion.SetHookData), where the data
+// path (SGEs, binds) reads it without a lock; regs and wins, under mu,
+// only let the recovery paths enumerate them.
 type hook struct {
 	p    *Provider
 	dev  device
@@ -136,9 +141,11 @@ func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
+	r.owner = h
 	h.mu.Lock()
 	h.regs[mr] = r
 	h.mu.Unlock()
+	mr.SetHookData(r)
 	if access.Remote() {
 		return r.rkey, nil
 	}
@@ -152,20 +159,28 @@ func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
 // transport quarantines its memory and closes the connection, RFC 8166
 // s4.5.4).
 func (h *hook) dereg(mr *verbs.MemoryRegion) error {
-	h.mu.Lock()
-	r := h.regs[mr]
-	h.mu.Unlock()
+	r := h.registration(mr)
 	if r == nil {
 		return nil
 	}
 	if err := h.dev.deregMR(r); err != nil {
 		return err
 	}
+	mr.SetHookData(nil)
 	h.mu.Lock()
 	if h.regs[mr] == r {
 		delete(h.regs, mr)
 	}
 	h.mu.Unlock()
+	return nil
+}
+
+// registration returns mr's device registration, nil if it has none or
+// mr is not a region of this domain.
+func (h *hook) registration(mr *verbs.MemoryRegion) *hwMR {
+	if r, _ := mr.HookData().(*hwMR); r != nil && r.owner == h {
+		return r
+	}
 	return nil
 }
 
@@ -259,9 +274,7 @@ func (h *hook) RemoteAddr(mr *verbs.MemoryRegion) uint64 {
 		defer w.mu.Unlock()
 		return uint64(w.addr)
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if r := h.regs[mr]; r != nil {
+	if r := h.registration(mr); r != nil {
 		return uint64(r.addr)
 	}
 	return 0
@@ -273,23 +286,29 @@ func (h *hook) RemoteAddr(mr *verbs.MemoryRegion) uint64 {
 // fail with a local protection error is refused at post time, with
 // verbs.ErrInvalidWR, as the pure-Go provider does.
 func (h *hook) sges(sgl []verbs.SGE, out []C.struct_ibv_sge, need verbs.Access) error {
-	// MR.Local takes the domain's lock, which is taken before h.mu.
 	for i, s := range sgl {
-		if _, err := s.MR.Local(need, s.Offset, s.Length); err != nil {
-			return fmt.Errorf("SGE %d: %w: %w", i, verbs.ErrInvalidWR, err)
+		addr, lkey, err := h.sge(s, need)
+		if err != nil {
+			return fmt.Errorf("SGE %d: %w", i, err)
 		}
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for i, s := range sgl {
-		r := h.regs[s.MR]
-		if r == nil || s.MR.IsFast() {
-			return fmt.Errorf("SGE %d: %w: not registered memory of this domain: %w", i, verbs.ErrInvalidWR, verbs.ErrInvalidSTag)
-		}
-		if err := sgeRange(s.Offset, s.Length, r.size); err != nil {
-			return fmt.Errorf("SGE %d: %w: %w", i, verbs.ErrInvalidWR, err)
-		}
-		out[i] = C.struct_ibv_sge{addr: C.uint64_t(uint64(r.addr) + s.Offset), length: C.uint32_t(s.Length), lkey: C.uint32_t(r.lkey)}
+		out[i] = C.struct_ibv_sge{addr: C.uint64_t(addr), length: C.uint32_t(s.Length), lkey: C.uint32_t(lkey)}
 	}
 	return nil
+}
+
+// sge checks one SGE (see sges) and returns the device address and lkey
+// of its first byte. No lock: MR.Local and the registration read state
+// the region carries.
+func (h *hook) sge(s verbs.SGE, need verbs.Access) (addr uint64, lkey uint32, err error) {
+	if _, err := s.MR.Local(need, s.Offset, s.Length); err != nil {
+		return 0, 0, fmt.Errorf("%w: %w", verbs.ErrInvalidWR, err)
+	}
+	r := h.registration(s.MR)
+	if r == nil || s.MR.IsFast() {
+		return 0, 0, fmt.Errorf("%w: not registered memory of this domain: %w", verbs.ErrInvalidWR, verbs.ErrInvalidSTag)
+	}
+	if err := sgeRange(s.Offset, s.Length, r.size); err != nil {
+		return 0, 0, fmt.Errorf("%w: %w", verbs.ErrInvalidWR, err)
+	}
+	return uint64(r.addr) + s.Offset, r.lkey, nil
 }

@@ -4,6 +4,7 @@ package ibverbs
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/mrcache"
@@ -56,5 +57,56 @@ func TestDeregFailureKeepsKey(t *testing.T) {
 	}
 	if err := pool.Put(buf); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSGEsOfThisDomainOnly: the data path converts SGEs from the record
+// each region carries (no lock shared by the domain's queue pairs), and
+// still accepts only live registered memory of its own domain: a region
+// of another domain on the same device, a fast-registration region and a
+// deregistered region are refused, as the device would refuse their
+// lkeys.
+func TestSGEsOfThisDomainOnly(t *testing.T) {
+	dev := newFakeDevice()
+	h := newHook(nil, dev)
+	pool := mrcache.New(verbs.NewProtectionDomainWithHook(h), mrcache.ChunkSize)
+	defer pool.Close()
+	other := mrcache.New(verbs.NewProtectionDomainWithHook(newHook(nil, dev)), mrcache.ChunkSize)
+	defer other.Close()
+	mine, err := pool.Get(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := other.Get(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sge, _ := pool.Locate(mine)
+	foreign, _ := other.Locate(theirs)
+	addr, lkey, err := h.sge(sge, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatalf("SGE of this domain: %v", err)
+	}
+	if r := h.registration(sge.MR); r == nil || lkey != r.lkey || addr != uint64(r.addr)+sge.Offset {
+		t.Fatalf("SGE converted to lkey %#x addr %#x; registration %+v", lkey, addr, r)
+	}
+	if _, _, err := h.sge(foreign, verbs.AccessLocalWrite); !errors.Is(err, verbs.ErrInvalidWR) {
+		t.Fatalf("SGE of another domain: %v, want ErrInvalidWR", err)
+	}
+	reg, err := pool.Expose(mine, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := h.sge(verbs.SGE{MR: reg.MR(), Length: 16}, 0); !errors.Is(err, verbs.ErrInvalidWR) {
+		t.Fatalf("SGE of a fast-registration region: %v, want ErrInvalidWR", err)
+	}
+	if err := reg.Invalidate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := sge.MR.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := h.sge(sge, verbs.AccessLocalWrite); !errors.Is(err, verbs.ErrInvalidWR) {
+		t.Fatalf("SGE of a deregistered region: %v, want ErrInvalidWR", err)
 	}
 }

@@ -51,6 +51,7 @@ const (
 // mu is the window's own: a call binds and invalidates its windows
 // without a lock other connections take.
 type window struct {
+	owner  *hook // the domain's hook that made it (prepareWindow)
 	mu     sync.Mutex
 	mw     *C.struct_ibv_mw
 	key    uint32 // the rkey the device knows the window by (last bind posted)
@@ -72,9 +73,10 @@ func (h *hook) window(mr *verbs.MemoryRegion) *window {
 	if !h.windows || !mr.IsFast() {
 		return nil
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.wins[mr]
+	if w, _ := mr.HookData().(*window); w != nil && w.owner == h { // no lock: see hook
+		return w
+	}
+	return nil
 }
 
 // prepareWindow is FastRegister of a region backed by a window: it
@@ -86,14 +88,15 @@ func (h *hook) prepareWindow(mr *verbs.MemoryRegion) (uint32, error) {
 	if len(buf) == 0 || parent == nil {
 		return 0, fmt.Errorf("%w: empty window", verbs.ErrInvalidWR)
 	}
-	h.mu.Lock()
-	pr := h.regs[parent]
-	w := h.wins[mr]
+	pr := h.registration(parent)
+	w := h.window(mr)
 	if w == nil {
-		w = &window{}
+		w = &window{owner: h}
+		h.mu.Lock()
 		h.wins[mr] = w
+		h.mu.Unlock()
+		mr.SetHookData(w)
 	}
-	h.mu.Unlock()
 	if pr == nil {
 		return 0, fmt.Errorf("ibverbs: bind window: %w: target not registered on the device", verbs.ErrInvalidSTag)
 	}
@@ -208,13 +211,14 @@ func (h *hook) Quiesce(ctx context.Context, mr *verbs.MemoryRegion) error {
 
 // dropWindow deallocates mr's window for good (Deregister).
 func (h *hook) dropWindow(mr *verbs.MemoryRegion) {
-	h.mu.Lock()
-	w := h.wins[mr]
-	delete(h.wins, mr)
-	h.mu.Unlock()
+	w := h.window(mr)
 	if w == nil {
 		return
 	}
+	mr.SetHookData(nil)
+	h.mu.Lock()
+	delete(h.wins, mr)
+	h.mu.Unlock()
 	w.mu.Lock()
 	w.deallocLocked()
 	w.state = winFree
