@@ -12,9 +12,12 @@ import (
 // device for verbs/ibverbs, the software STag table for verbs/iwarp).
 // Register and Reregister return the STag the provider assigned.
 //
-// The methods run with the domain's lock held: they read the region
-// through HookBytes, HookAccess and IsFast, never through the locking
-// accessors. Register of a fast-registration region may return STag 0
+// The methods run with the domain's lock held, except Reregister of a
+// fast-registration region (FastRegister), which runs without it so that
+// one exposure's device call does not hold up the domain's other queue
+// pairs; no other change to that region runs meanwhile. They read the
+// region through HookBytes, HookAccess and IsFast, never through the
+// locking accessors. Register of a fast-registration region may return STag 0
 // ("no key yet"): such a region gets its key from Reregister
 // (FastRegister). Invalidate stops new accesses at once and must not
 // wait; a provider whose accesses are in progress in software waits for
@@ -89,11 +92,10 @@ func NewProtectionDomainWithHook(hook RegistrationHook) *ProtectionDomain {
 func HookOf(pd *ProtectionDomain) RegistrationHook { return pd.hook }
 
 // counterHook names the regions of a domain no provider backs.
-type counterHook struct{ next uint32 }
+type counterHook struct{ next atomic.Uint32 }
 
 func (h *counterHook) Register(*MemoryRegion) (uint32, error) {
-	h.next++
-	return h.next << 8, nil
+	return h.next.Add(1) << 8, nil
 }
 func (h *counterHook) Reregister(mr *MemoryRegion) (uint32, error) { return h.Register(mr) }
 func (h *counterHook) Invalidate(*MemoryRegion) error              { return nil }
@@ -122,6 +124,9 @@ type MemoryRegion struct {
 	fast   bool          // allocated by AllocFastReg
 	parent *MemoryRegion // a fast-registration region's current target
 	offset uint64        // where buf starts in parent
+	// binding: FastRegister is binding the region, without the domain's
+	// lock; other changes to the region are refused meanwhile.
+	binding bool
 
 	// local is what Local checks, republished under pd.mu whenever it
 	// changes, so that posting a work request (every SGE is checked)
@@ -419,16 +424,24 @@ func (mr *MemoryRegion) rekeyLocked(access Access) (uint32, error) {
 	if err != nil {
 		return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
 	}
+	return mr.rekeyedLocked(old, stag)
+}
+
+// rekeyedLocked records mr's new STag from the provider and makes it
+// valid with its access rights.
+func (mr *MemoryRegion) rekeyedLocked(old, stag uint32) (uint32, error) {
 	mr.pd.unindexLocked(mr)
 	mr.stag = stag
 	if err := mr.pd.indexLocked(mr); err != nil {
 		return 0, fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
 	}
 	mr.valid = true
-	if access.Remote() {
+	if mr.access.Remote() {
 		mr.pd.liveRem++
 	}
-	mr.publishLocked()
+	if !mr.fast { // Local refuses fast regions: nothing to publish, nothing to allocate per exposure
+		mr.publishLocked()
+	}
 	return mr.stag, nil
 }
 
@@ -443,25 +456,48 @@ func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, ac
 		return 0, fmt.Errorf("verbs: fast register: target of another protection domain: %w", ErrInvalidWR)
 	}
 	mr.pd.mu.Lock()
-	defer mr.pd.mu.Unlock()
 	switch {
 	case !mr.fast || mr.dead:
+		mr.pd.mu.Unlock()
 		return 0, fmt.Errorf("verbs: fast register STag %#08x: not a fast-registration region: %w", mr.stag, ErrInvalidWR)
-	case mr.valid:
+	case mr.valid || mr.binding:
+		mr.pd.mu.Unlock()
 		return 0, fmt.Errorf("verbs: fast register STag %#08x: still bound: %w", mr.stag, ErrInvalidWR)
 	case target.dead || target.fast:
+		mr.pd.mu.Unlock()
 		return 0, fmt.Errorf("verbs: fast register: target is not registered memory: %w", ErrInvalidSTag)
 	case n <= 0 || off > uint64(len(target.buf)) || uint64(n) > uint64(len(target.buf))-off:
+		mr.pd.mu.Unlock()
 		return 0, fmt.Errorf("verbs: fast register [%d, +%d) of a %d-byte region: %w", off, n, len(target.buf), ErrBounds)
 	}
-	parent, offset, buf := mr.parent, mr.offset, mr.buf
-	mr.parent, mr.offset = target, off
+	parent, offset, buf, access0 := mr.parent, mr.offset, mr.buf, mr.access
+	mr.parent, mr.offset, mr.access = target, off, access
 	mr.buf = target.buf[off : off+uint64(n) : off+uint64(n)]
-	stag, err := mr.rekeyLocked(access)
-	if err != nil {
-		mr.parent, mr.offset, mr.buf = parent, offset, buf
+	mr.binding = true
+	old := mr.stag
+	mr.pd.mu.Unlock()
+
+	// The binding runs without the domain's lock: with a hardware
+	// provider it is a device call per exposure (ibv_reg_mr, or readying
+	// a window's bind), which calls on the domain's other queue pairs
+	// must not wait for. binding keeps other changes to mr out
+	// meanwhile; the region is invalid until the end, so no access
+	// through it can start.
+	stag, err := mr.pd.hook.Reregister(mr)
+
+	mr.pd.mu.Lock()
+	defer mr.pd.mu.Unlock()
+	mr.binding = false
+	if err == nil {
+		stag, err = mr.rekeyedLocked(old, stag)
+	} else {
+		err = fmt.Errorf("verbs: reregister STag %#08x: %w", old, err)
 	}
-	return stag, err
+	if err != nil {
+		mr.parent, mr.offset, mr.buf, mr.access = parent, offset, buf, access0
+		return 0, err
+	}
+	return stag, nil
 }
 
 // RemoteAddr returns the address a peer names the region's first byte by
@@ -535,6 +571,10 @@ func (mr *MemoryRegion) Deregister() error {
 		mr.pd.mu.Unlock()
 		return nil
 	}
+	if mr.binding {
+		mr.pd.mu.Unlock()
+		return fmt.Errorf("verbs: deregister STag %#08x: being bound: %w", mr.stag, ErrInvalidWR)
+	}
 	err := mr.invalidateLocked()
 	mr.pd.mu.Unlock()
 	if err != nil {
@@ -547,6 +587,9 @@ func (mr *MemoryRegion) Deregister() error {
 	defer mr.pd.mu.Unlock()
 	if mr.dead {
 		return nil
+	}
+	if mr.binding {
+		return fmt.Errorf("verbs: deregister STag %#08x: being bound: %w", mr.stag, ErrInvalidWR)
 	}
 	if err := mr.invalidateLocked(); err != nil { // bound again meanwhile
 		return err
