@@ -139,6 +139,9 @@ func (t rdmaTransport) Stats() map[string]any {
 		"mr bytes in use":       s.Memory.BytesInUse,
 		"mr budget":             s.Memory.BudgetBytes,
 		"mr alloc failures":     s.Memory.AllocFailures,
+		// rdma-core with memory windows (RDMAFS_IBVERBS_WINDOWS):
+		// exposures bound by a work request; 0 otherwise.
+		"mr window binds": ibverbs.WindowBinds(t.PD()),
 	}
 	if s.PeerAnnounced {
 		m["peer rbsize"] = s.Peer.RBSize

@@ -28,7 +28,8 @@ import (
 //   - the requester against a server that claims more of a Write or
 //     Reply chunk than it wrote, with the slab filled with a marker
 //     (TestGuestStaleBytes): no stale byte is delivered;
-//   - the cgo-built rdmafs mounting the guest's own knfsd, with a shell
+//   - the cgo-built rdmafs mounting the guest's own knfsd (over rxe0 also
+//     with memory windows), with a shell
 //     workload (16 MiB written and read back with a checksum after a
 //     remount, a 200-entry directory, rename, link, symlink, a delegation
 //     recall forced by a second mount over TCP, unmount) whose trace must
@@ -148,12 +149,22 @@ func TestKnfsdGuestRxeSiw(t *testing.T) {
 			t.Logf("the WRITE message pattern over the kernel's %s and TCP in the guest (throughput ratios):\n%s", dev, out)
 		})
 		t.Run(dev+"/knfsd", func(t *testing.T) {
-			workload(ctx, t, k, dev, "")
+			workload(ctx, t, k, dev, "", "")
 		})
+		if dev == "rxe0" {
+			// The same with memory windows (opt-in: see README, rxe
+			// bounds window accesses by the chunk, not the window).
+			t.Run(dev+"/knfsd-windows", func(t *testing.T) {
+				out := workload(ctx, t, k, dev, "", "RDMAFS_IBVERBS_WINDOWS=1 WTAG=mw")
+				if !strings.Contains(out, "window binds: ") {
+					t.Fatal("the workload did not report its memory-window binds")
+				}
+			})
+		}
 		if dev == "siw0" {
 			t.Run(dev+"/interop", func(t *testing.T) {
 				calls, invs := resp.Calls(), resp.SendInvalidates()
-				workload(ctx, t, k, dev, "10.0.2.2 "+respPort)
+				workload(ctx, t, k, dev, "10.0.2.2 "+respPort, "")
 				if resp.Calls() == calls {
 					t.Fatal("the host's pure-Go responder served no call")
 				}
@@ -179,11 +190,12 @@ func TestKnfsdGuestRxeSiw(t *testing.T) {
 }
 
 // workload runs guest-workload.sh over dev (with server and port for a
-// server other than the guest's knfsd) and checks its trace counts.
-func workload(ctx context.Context, t *testing.T, k *testpeer.Knfsd, dev, server string) {
+// server other than the guest's knfsd; with env, variable assignments,
+// in its environment), checks its trace counts and returns its output.
+func workload(ctx context.Context, t *testing.T, k *testpeer.Knfsd, dev, server, env string) string {
 	t.Helper()
 	start := time.Now()
-	out, err := k.Exec(ctx, "sh /tmp/guest-workload.sh "+dev+" "+server)
+	out, err := k.Exec(ctx, env+" sh /tmp/guest-workload.sh "+dev+" "+server)
 	t.Logf("%s %s workload in %v:\n%s", dev, server, time.Since(start).Round(time.Millisecond), out)
 	if err != nil || !strings.Contains(out, "WORKLOAD-OK") {
 		log, _ := k.Exec(ctx, "tail -30 /tmp/"+dev+"*.log; dmesg | tail -20")
@@ -199,6 +211,7 @@ func workload(ctx context.Context, t *testing.T, k *testpeer.Knfsd, dev, server 
 			t.Errorf("over %s the trace lacks %s (%q)", dev, what, w)
 		}
 	}
+	return out
 }
 
 // summary keeps the result lines of a verbose test run.

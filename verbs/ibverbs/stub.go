@@ -51,3 +51,6 @@ func (p *Provider) Dial(ctx context.Context, addr string, params *verbs.ConnPara
 func (p *Provider) Listen(addr string, params *verbs.ConnParams) (verbs.Listener, error) {
 	return nil, ErrUnsupported
 }
+
+// WindowBinds returns 0: without rdma-core no domain uses memory windows.
+func WindowBinds(pd *verbs.ProtectionDomain) uint64 { return 0 }

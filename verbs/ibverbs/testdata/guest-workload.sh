@@ -5,12 +5,14 @@
 # also a delegation recall (a second mount over TCP writes a file the
 # first holds a read delegation on); then unmount and count the trace
 # lines of each chunk type and of the version-2 probe's fallback.
+# With RDMAFS_IBVERBS_WINDOWS set (rxe) the mounts expose memory through
+# memory windows; WTAG then keeps its names apart from the per-call run.
 set -e
 export PATH=/usr/local/bin:$PATH
-D=$1; S=${2:-10.0.2.15}; P=${3:-}
+D=$1; S=${2:-10.0.2.15}; P=${3:-}${WTAG:-}
 M=/mnt/w$D$P; L=/tmp/$D$P.log
 o=proto=rdma,rdmadev=$D
-[ -z "$P" ] || o=$o,port=$P
+[ -z "${3:-}" ] || o=$o,port=$3
 mkdir -p $M
 rdmafs mount -o $o -v rdma,verbs --log $L $S:/ $M
 mkdir $M/t$D$P; cd $M/t$D$P
@@ -29,7 +31,7 @@ echo hello > x; mv x y; ln y z; ln -s y s; [ "$(cat z)" = hello ]; [ "$(readlink
 [ ! -e x ]
 echo names ok
 dstat() { v=$(rdmafs stats $M | sed -n "s/^delegations:.* $1=\([0-9]*\).*/\1/p"); echo "${v:-0}"; }
-if [ -z "$P" ]; then
+if [ -z "${3:-}" ]; then
   B=/mnt/d$D; mkdir -p $B
   rdmafs mount -o proto=tcp $S:/ $B
   echo old > deleg
@@ -48,13 +50,18 @@ if [ -z "$P" ]; then
   [ "$(cat <&3)" = old ] || { echo "read under the delegation"; exit 1; }
   echo "read delegation held"
   # Writing through the other mount makes knfsd recall it.
-  echo "new data" > $B/t$D/deleg
+  echo "new data" > $B/t$D$P/deleg
   [ "$(dstat recalled)" -ge 1 ] || { echo "no recall"; rdmafs stats $M; exit 1; }
   [ "$(cat deleg)" = "new data" ] || { echo "stale data after the recall: $(cat deleg)"; exit 1; }
   exec 3<&-
   rdmafs stats $M | grep -E '^(callbacks|delegations):'
   echo recall ok
   rdmafs umount $B
+fi
+if [ -n "${RDMAFS_IBVERBS_WINDOWS:-}" ]; then
+  wb=$(rdmafs stats $M | sed -n 's/^ *mr window binds: *//p')
+  [ "${wb:-0}" -gt 0 ] || { echo "no memory-window binds with RDMAFS_IBVERBS_WINDOWS"; rdmafs stats $M; exit 1; }
+  echo "window binds: $wb"
 fi
 cd /; rdmafs umount $M
 cat $L $L.2 > /tmp/$D$P.all
