@@ -8,7 +8,7 @@ FUZZTIME    ?= 10s
 TESTFLAGS   ?= -count=1 -p 1 -timeout 60m
 BIN         := bin/rdmafs
 
-.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount bench-v42 soak xfstests lint deps deps-packages demo demo-stop clean
+.PHONY: all help build test test-guest-rdma unit fuzz bench bench-mount bench-v42 bench-kernel soak xfstests lint deps deps-packages demo demo-stop clean
 
 all: build
 
@@ -20,6 +20,7 @@ help:
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make bench   data-path benchmarks"
 	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; RELAY=1: rdma-relay vs tcp-relay on ganesha; SIZE, ROUNDS; EXPORT=disk: ganesha on the disk, not tmpfs)"
+	@echo "make bench-kernel  rdmafs vs the Linux kernel NFS client in the knfsd guest, over tcp, siw and rxe: time ratios and RPCs per entry (TRANSPORTS, ROUNDS, SIZE; see scripts/bench-kernel.sh)"
 	@echo "make bench-v42  NFSv4.2 COPY vs read/write copy on knfsd, sparse (SEEK) vs dense read on ganesha; medians of alternating rounds (SIZE, ROUNDS, PROTOS; see scripts/bench-v42.sh)"
 	@echo "make soak    data-verification soak on each server and transport (DURATION=30m, PEERS, PARALLEL=1, CUT=60s, RESTART_CMD; see scripts/soak.sh)"
 	@echo "make xfstests XFSTESTS_DIR=/path/to/built/xfstests [TESTS='-g quick'] [SERVER=ganesha|knfsd-rdma|knfsd-tcp]  xfstests on an rdmafs mount (docs/xfstests.md)"
@@ -68,6 +69,9 @@ bench-mount:
 
 bench-v42:
 	scripts/bench-v42.sh
+
+bench-kernel:
+	scripts/bench-kernel.sh
 
 # The long data-verification run; make test runs it for 20 s per peer.
 soak: deps build
