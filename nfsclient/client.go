@@ -204,13 +204,30 @@ func (c *Client) mountRoot(ctx context.Context) error {
 	}
 	c.lease = time.Duration(max(a.LeaseTime, 5)) * time.Second
 	s := c.sess.Load()
-	c.rsize = clampIO(c.cfg.RSize, int(s.fore.maxresponsesize)-8192, a.MaxRead)
-	c.wsize = clampIO(c.cfg.WSize, int(s.fore.maxrequestsize)-8192, a.MaxWrite)
+	c.rsize = clampIO(c.cfg.RSize, int(s.fore.maxresponsesize)-readReplyOverhead, a.MaxRead)
+	c.wsize = clampIO(c.cfg.WSize, int(s.fore.maxrequestsize)-writeCallOverhead, a.MaxWrite)
 	c.maxLen = a.MaxFileSize
 	c.lastRenew.Store(time.Now().UnixNano())
 	c.trace("mounted %s: lease=%v rsize=%d wsize=%d", c.cfg.Export, c.lease, c.rsize, c.wsize)
 	return nil
 }
+
+// What a READ reply and a WRITE call carry besides the data, at most: the
+// session's message limits minus these bound rsize and wsize (as Linux's
+// nfs41_maxread_overhead and nfs41_maxwrite_overhead do). A READ reply:
+// RPC reply header with its verifier (AUTH_NONE, 24 bytes), COMPOUND
+// status, tag and count, SEQUENCE (44), PUTFH (8), READ's status, eof and
+// length (16), padding: under 200 bytes. A WRITE call: RPC call header
+// with an AUTH_SYS credential (at most about 440), COMPOUND header and
+// tag, SEQUENCE (36), PUTFH with a 128-byte handle (136), WRITE's
+// arguments (36), and a GETATTR or a SETATTR folded in after it (a few
+// hundred): under 1200. Too generous an allowance costs RPCs: knfsd's
+// 266240-byte limit (256 KiB of payload plus a page) less 8 KiB left
+// 252 KiB, five READs per MiB where the kernel client sends four.
+const (
+	readReplyOverhead = 1024
+	writeCallOverhead = 2048
+)
 
 // clampIO lowers want to the session limit and the server's attribute,
 // keeping a multiple of 4 KiB.

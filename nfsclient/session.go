@@ -61,8 +61,8 @@ func (c *Client) createSession(ctx context.Context) (*session, error) {
 		sequence: c.csSeq,
 		flags:    flags,
 		foreChanAttrs: channelAttrs4{
-			maxrequestsize:        uint32(c.cfg.WSize) + 8192,
-			maxresponsesize:       uint32(c.cfg.RSize) + 8192,
+			maxrequestsize:        uint32(c.cfg.WSize + writeCallOverhead),
+			maxresponsesize:       uint32(c.cfg.RSize + readReplyOverhead),
 			maxresponsesizeCached: 8192,
 			maxoperations:         16,
 			maxrequests:           uint32(c.cfg.MaxRequests),
