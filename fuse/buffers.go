@@ -157,12 +157,3 @@ func (w writeBuffer) release() func() {
 	}
 	return nil
 }
-
-// registered returns m as the transport's kind of memory: nil stays an
-// untyped nil, so the transport sees ordinary memory.
-func registered(m Buffer) oncrpc.Registered {
-	if m == nil {
-		return nil
-	}
-	return m
-}

@@ -271,7 +271,7 @@ func (h *file) readChunks(ctx context.Context, dest []byte, mem Buffer, off uint
 			defer wg.Done()
 			lo := i * rsize
 			chunk := dest[lo:min(len(dest), lo+rsize)]
-			n, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(lo), chunk, registered(mem))
+			n, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(lo), chunk, mem)
 			res[i] = result{n, eof, err}
 		}()
 	}
@@ -301,7 +301,7 @@ func (h *file) readSeq(ctx context.Context, dest []byte, mem Buffer, off uint64)
 	total := 0
 	for total < len(dest) {
 		chunk := dest[total:min(len(dest), total+c.RSize())]
-		k, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(total), chunk, registered(mem))
+		k, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(total), chunk, mem)
 		if err != nil {
 			return total, err
 		}
@@ -442,7 +442,7 @@ func (h *file) sendLocked() {
 	if h.n.fsys.tr.On(trace.FUSE) {
 		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (unstable, buffered writes coalesced)", h.n.StableAttr().Ino, off, len(data))
 	}
-	if err := h.w.WriteAt(h.n.fsys.bg, data, registered(mem), off, release); err != nil && h.werr == nil {
+	if err := h.w.WriteAt(h.n.fsys.bg, data, mem, off, release); err != nil && h.werr == nil {
 		h.werr = err
 		h.n.fsys.Stats.WriteErrors.Add(1)
 	}
@@ -531,7 +531,7 @@ func (h *file) writeStable(ctx context.Context, data []byte, mem Buffer, off uin
 			// (Linux folds GETATTR into every WRITE).
 			write = c.WriteGetAttr
 		}
-		res, err := write(ctx, h.cred, h.of.FH, h.of.StateID, off, data[:n], registered(mem), nfsclient.FileSync)
+		res, err := write(ctx, h.cred, h.of.FH, h.of.StateID, off, data[:n], mem, nfsclient.FileSync)
 		if err != nil {
 			return fmt.Errorf("write at %d: %w", off, err)
 		}

@@ -47,7 +47,7 @@ func (n *node) writeSetAttr(ctx context.Context, cred oncrpc.Credential, sid nfs
 	if n.fsys.tr.On(trace.FUSE) {
 		n.fsys.trace("WRITE ino=%d off=%d len=%d (file_sync, in the SETATTR's COMPOUND)", n.StableAttr().Ino, off, len(data))
 	}
-	res, a, err := c.WriteSetAttr(ctx, h.cred, h.of.FH, h.of.StateID, off, data, registered(mem), nfsclient.FileSync, sid, sa)
+	res, a, err := c.WriteSetAttr(ctx, h.cred, h.of.FH, h.of.StateID, off, data, mem, nfsclient.FileSync, sid, sa)
 	if res.Count == 0 {
 		// The WRITE did not go through: it is the file's write error,
 		// as a failed flush would be.

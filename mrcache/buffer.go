@@ -22,7 +22,7 @@ import (
 // holder must not use Bytes after Release.
 type Buffer struct {
 	pool *Pool
-	c    *chunk
+	ci   int    // the chunk's index: chunks stay put while a buffer is out
 	off  uint64 // of mem in the chunk
 	mu   sync.Mutex
 	mem  []byte // nil once released
@@ -34,15 +34,11 @@ type Buffer struct {
 // it returns ErrNoMemory, and the caller uses ordinary memory, which the
 // transport then copies through buffers of its own.
 func (p *Pool) Alloc(n int) (*Buffer, error) {
-	mem, err := p.get(n, true)
+	mem, ci, off, err := p.alloc(n, true)
 	if err != nil {
 		return nil, err
 	}
-	p.mu.Lock()
-	ci, off, _ := p.locateLocked(mem)
-	c := p.chunks[ci]
-	p.mu.Unlock()
-	return &Buffer{pool: p, c: c, off: off, mem: mem}, nil
+	return &Buffer{pool: p, ci: ci, off: off, mem: mem}, nil
 }
 
 // Bytes returns the buffer's memory (nil after Release).
@@ -66,7 +62,9 @@ func (b *Buffer) Release() error {
 	if mem == nil {
 		return fmt.Errorf("mrcache: release of a buffer already released: %w", ErrNotRegistered)
 	}
-	return b.pool.Put(mem)
+	b.pool.mu.Lock()
+	defer b.pool.mu.Unlock()
+	return b.pool.putLocked(b.ci, b.off)
 }
 
 // within returns the offset in b's chunk of sub, which must lie inside
@@ -97,5 +95,5 @@ func (b *Buffer) Expose(sub []byte, access verbs.Access) (*Registration, error) 
 	if err != nil {
 		return nil, fmt.Errorf("mrcache: expose: %w", err)
 	}
-	return b.pool.exposeAt(b.c, off, len(sub), access)
+	return b.pool.exposeAt(b.ci, off, len(sub), access)
 }

@@ -216,19 +216,26 @@ func (p *Pool) wakeLocked() {
 }
 
 func (p *Pool) get(n int, upper bool) ([]byte, error) {
+	mem, _, _, err := p.alloc(n, upper)
+	return mem, err
+}
+
+// alloc is get, also returning the chunk index and the offset in it of
+// the memory (what a Buffer keeps to expose and free it without a search).
+func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, err error) {
 	if n <= 0 || n > ChunkSize {
-		return nil, fmt.Errorf("mrcache: allocate %d bytes (1..%d): %w", n, ChunkSize, verbs.ErrInvalidWR)
+		return nil, 0, 0, fmt.Errorf("mrcache: allocate %d bytes (1..%d): %w", n, ChunkSize, verbs.ErrInvalidWR)
 	}
 	order := orderOf(n)
 	size := int64(MinBlock) << order
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, ErrClosed
+		return nil, 0, 0, ErrClosed
 	}
 	if upper && p.upperInUse+size > p.upperMax {
 		p.stats.AllocFailures++
-		return nil, ErrNoMemory
+		return nil, 0, 0, ErrNoMemory
 	}
 	k := order
 	for k <= maxOrder && p.heads[k] < 0 {
@@ -239,10 +246,10 @@ func (p *Pool) get(n int, upper bool) ([]byte, error) {
 			if upper {
 				p.stats.AllocFailures++
 			}
-			return nil, ErrNoMemory
+			return nil, 0, 0, ErrNoMemory
 		}
 		if err := p.growLocked(); err != nil {
-			return nil, err
+			return nil, 0, 0, err
 		}
 		k = maxOrder
 	}
@@ -259,9 +266,9 @@ func (p *Pool) get(n int, upper bool) ([]byte, error) {
 		p.upperInUse += size
 	}
 	p.stats.Allocs++
-	c := p.chunks[g/blocksPerChunk]
-	off := int(g%blocksPerChunk) * MinBlock
-	return c.mem[off : off+n : off+n], nil
+	ci = int(g / blocksPerChunk)
+	at := int(g%blocksPerChunk) * MinBlock
+	return p.chunks[ci].mem[at : at+n : at+n], ci, uint64(at), nil
 }
 
 // growLocked maps and registers one more chunk.
@@ -344,6 +351,11 @@ func (p *Pool) Put(b []byte) error {
 	if !ok || off%MinBlock != 0 {
 		return fmt.Errorf("mrcache: put: %w", ErrNotRegistered)
 	}
+	return p.putLocked(ci, off)
+}
+
+// putLocked frees the block at off in chunk ci.
+func (p *Pool) putLocked(ci int, off uint64) error {
 	g := int32(ci*blocksPerChunk) + int32(off/MinBlock)
 	order := int(p.allocOrder[g])
 	if order < 0 {
@@ -416,18 +428,19 @@ func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", len(b), ErrNotRegistered)
 	}
-	c := p.chunks[ci]
 	p.mu.Unlock()
-	return p.exposeAt(c, off, len(b), access)
+	return p.exposeAt(ci, off, len(b), access)
 }
 
-// exposeAt binds a fast-registration region to n bytes at off in chunk c.
-func (p *Pool) exposeAt(c *chunk, off uint64, n int, access verbs.Access) (*Registration, error) {
+// exposeAt binds a fast-registration region to n bytes at off in chunk
+// ci, which holds allocated memory (so stays put).
+func (p *Pool) exposeAt(ci int, off uint64, n int, access verbs.Access) (*Registration, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", n, ErrClosed)
 	}
+	c := p.chunks[ci]
 	target := c.mr
 	var r *Registration
 	if k := len(p.idleFR); k > 0 {
