@@ -14,7 +14,7 @@ all: build
 
 help:
 	@echo "make build   build $(BIN)"
-	@echo "make test    make deps, then unit and integration tests (starts knfsd in qemu and nfs-ganesha), then test-guest-rdma"
+	@echo "make test    make deps, then unit and integration tests (starts knfsd in qemu and nfs-ganesha), fuse and cmd/rdmafs again over FUSE-over-io_uring, then test-guest-rdma"
 	@echo "make test-guest-rdma  rdma-core provider inside the knfsd guest over siw and rxe: verbs conformance, knfsd mounts, interop (~2-4 min)"
 	@echo "make unit    unit tests only (go test -short)"
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
@@ -38,11 +38,22 @@ build:
 # under qemu's software emulation).
 GUEST_RDMA  = $(GO) test -tags guestrdma -count=1 -timeout 30m -run '^TestKnfsdGuestRxeSiw$$' ./verbs/ibverbs
 
+# The packages that mount, again, with every mount served over
+# FUSE-over-io_uring (RDMAFS_URING=on: fuse.Options.URing, -o uring);
+# make deps turns the kernel's enable_uring on. Left out: the tests of
+# what the server and the network do under a mount (a NIC reset, a
+# server restart, the soak), which do not depend on how FUSE requests
+# arrive and take minutes in the guest.
+URING_PASS  = RDMAFS_URING=on $(GO) test $(TESTFLAGS) -skip '$(URING_SKIP)' ./fuse/... ./cmd/rdmafs/
+URING_SKIP ?= ^(TestServerNICReset|TestServerRestartUnderMount|TestSoak)$$
+
 # deps first: on a bare machine the ganesha and knfsd tests need it; once
 # everything is installed and the guest is cached it takes a second.
-# Then every package, then the rdma-core suite.
+# Then every package, the mounting ones again over io_uring, then the
+# rdma-core suite.
 test: deps build
 	$(GO) test $(TESTFLAGS) ./...
+	$(URING_PASS)
 	$(GUEST_RDMA)
 
 # The rdma-core suite alone.

@@ -34,6 +34,7 @@ import (
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmafs/rdmafs/fuse/uring"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/nfsclient"
 )
@@ -79,6 +80,11 @@ type Options struct {
 	// that handles from name_to_handle_at still open after a remount
 	// (export.go). One mount at a time uses it.
 	HandleCache string
+	// URing serves the mount over FUSE-over-io_uring (uringmount.go)
+	// instead of read(2) and writev(2) on /dev/fuse; URingDepth is the
+	// entries per CPU queue (zero: 16).
+	URing      URingMode
+	URingDepth int
 }
 
 func (o *Options) setDefaults() {
@@ -184,6 +190,9 @@ type FS struct {
 	// directIOMmap: the kernel maps files opened with FOPEN_DIRECT_IO
 	// (FUSE_DIRECT_IO_ALLOW_MMAP); set once at INIT.
 	directIOMmap bool
+	// ring serves the mount's requests over io_uring; nil when
+	// /dev/fuse does (uringmount.go).
+	ring *uring.Server
 	// rootIno is the export root's fileid; handles the file handles
 	// of the fileids seen, for open_by_handle_at (export.go).
 	rootIno     uint64
@@ -270,6 +279,9 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 			// open_by_handle_at, as an NFS mount offers
 			// (export.go).
 			gofuse.CAP_EXPORT_SUPPORT,
+	}
+	if opts.URing != URingOff {
+		mo.ExtraCapabilities |= gofuse.CAP_OVER_IO_URING
 	}
 	// The server checks every request against the caller's AUTH_SYS
 	// uid, gid and groups. The kernel checks too (default_permissions),

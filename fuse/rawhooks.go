@@ -212,10 +212,14 @@ func (f *FS) writeKillsPriv(ctx context.Context) bool {
 	return ok
 }
 
-// mount is fs.Mount with rawHooks around the node file system.
+// mount is fs.Mount with rawHooks around the node file system, served
+// over /dev/fuse or, with Options.URing, over io_uring (uringmount.go).
 func (f *FS) mount(dir string, root fs.InodeEmbedder, opts *fs.Options) (*gofuse.Server, error) {
 	raw := rawHooks{RawFileSystem: fs.NewNodeFS(root, opts), flushOwners: &f.flushOwners, writeFlags: &f.writeFlags,
 		flushHolding: &f.flushHolding, releases: newReleaseWait()}
+	if f.opts.URing != URingOff {
+		return f.mountURing(dir, raw, &opts.MountOptions)
+	}
 	srv, err := gofuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
 		return nil, err

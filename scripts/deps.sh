@@ -68,6 +68,17 @@ if ! getent passwd 1000 >/dev/null; then
     fail "useradd rdmafs-test (uid 1000)"
 fi
 
+# FUSE over io_uring (the uring mount option; make test mounts over it
+# in its second pass): Linux 6.14 and later have it behind a module
+# parameter that only root can turn on.
+uring=/sys/module/fuse/parameters/enable_uring
+[ -e "$uring" ] || modprobe fuse 2>/dev/null || true
+[ -e "$uring" ] || fail "the kernel has no FUSE over io_uring ($uring is absent: Linux 6.14 or later built with CONFIG_FUSE_IO_URING)"
+if [ "$(cat "$uring")" != Y ]; then
+  echo Y > "$uring" || fail "could not turn on FUSE over io_uring ($uring)"
+  say "turned on FUSE over io_uring ($uring)"
+fi
+
 # The kpeer guest: run.sh installs the matching linux-headers package,
 # downloads the guest's Debian packages and builds siw.ko (cached).
 if [ "${DEPS_SKIP_KPEER:-0}" = 1 ]; then

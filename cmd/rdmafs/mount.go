@@ -100,6 +100,14 @@ which override -o):
    rdmamem=BYTES         registered memory with proto=rdma, K/M/G suffix,
                          4M to 64G (default 64M): READ data lands in it and
                          WRITE data leaves from it; calls beyond it copy
+   uring[=on|auto|off]   how the kernel's FUSE requests reach rdmafs: on
+   | nouring             (bare uring) serves them over io_uring, one queue
+                         per CPU, and fails the mount where the kernel
+                         lacks it; auto uses io_uring where offered;
+                         off (nouring) reads and writes /dev/fuse.
+                         Default off, or $RDMAFS_URING. io_uring needs
+                         Linux 6.14 and, as root,
+                         echo Y > /sys/module/fuse/parameters/enable_uring
 
 FILE-SYSTEM-INDEPENDENT OPTIONS (mount(8)), as on a kernel NFS mount:
    suid | nosuid         honour set-user-ID and set-group-ID bits or not
@@ -185,6 +193,10 @@ func collectOptions(cctx *cli.Context) (*mountOptions, error) {
 		return nil, exitf(exitUsage, nil, "usage: rdmafs mount [options] server[:port]:/export /mountpoint")
 	}
 	o := defaultOptions()
+	var err error
+	if o.URing, err = defaultURing(); err != nil {
+		return nil, exitf(exitUsage, err, "%v", err)
+	}
 	host, port, export, err := parseSource(cctx.Args().Get(0))
 	if err != nil {
 		return nil, exitf(exitUsage, err, "%v", err)
@@ -467,6 +479,7 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 			Debug:      debugFUSE,
 			// name_to_handle_at handles survive a remount.
 			HandleCache: handleCache(o.Server, o.Export, o.Dir),
+			URing:       o.URing,
 		})
 		return err
 	})

@@ -4,12 +4,15 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/fuse"
 )
 
 // mountOptions are the nfs(5)-style options of a mount.
@@ -42,6 +45,9 @@ type mountOptions struct {
 	// device name (rdma-core provider) or "iwarp-go" (pure Go); empty
 	// picks rdma-core when the machine has an RDMA device.
 	RDMADev string
+	// URing serves the mount over FUSE-over-io_uring instead of
+	// /dev/fuse reads and writes (uring, uring=on|auto|off, nouring).
+	URing fuse.URingMode
 
 	// VFSFlags are the generic options of mount(8) as MS_* bits
 	// (nosuid, noatime, sync, ...), applied to the kernel's mount;
@@ -71,6 +77,37 @@ func defaultOptions() mountOptions {
 		RDMAVers: "auto",
 		RDMAMem:  64 << 20,
 	}
+}
+
+// uringEnv names the environment variable that sets the default of the
+// uring option (auto, on or off; unset is off).
+const uringEnv = "RDMAFS_URING"
+
+// parseURing parses the value of uring= (or of $RDMAFS_URING); a bare
+// "uring" is uring=on.
+func parseURing(val string, hasVal bool) (fuse.URingMode, error) {
+	switch {
+	case !hasVal, val == "on":
+		return fuse.URingOn, nil
+	case val == "auto":
+		return fuse.URingAuto, nil
+	case val == "off":
+		return fuse.URingOff, nil
+	}
+	return 0, fmt.Errorf("want on, auto or off, not %q", val)
+}
+
+// defaultURing is the uring option's default: $RDMAFS_URING, or off.
+func defaultURing() (fuse.URingMode, error) {
+	val, ok := os.LookupEnv(uringEnv)
+	if !ok || val == "" {
+		return fuse.URingOff, nil
+	}
+	mode, err := parseURing(val, true)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%s: %w", uringEnv, val, err)
+	}
+	return mode, nil
 }
 
 // parseSize parses a byte count with an optional K, M or G suffix
@@ -296,6 +333,17 @@ func (o *mountOptions) set(opt string) error {
 			return fmt.Errorf("option rdmadev: want a device name (e.g. mlx5_0, rxe0) or iwarp-go")
 		}
 		o.RDMADev = val
+	case "uring":
+		mode, err := parseURing(val, hasVal)
+		if err != nil {
+			return fmt.Errorf("option %s: %w", opt, err)
+		}
+		o.URing = mode
+	case "nouring":
+		if err := noVal(); err != nil {
+			return err
+		}
+		o.URing = fuse.URingOff
 	case "rdmavers":
 		switch val {
 		case "auto", "1", "2":

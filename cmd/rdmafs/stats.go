@@ -109,6 +109,7 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	fmt.Fprintf(w, "fuse: lookups=%d opens=%d creates=%d readdirs=%d reads=%d read_bytes=%d writes=%d write_bytes=%d flushes=%d fsyncs=%d write_errors=%d dir_getattrs_cached=%d\n",
 		s.Lookups.Load(), s.Opens.Load(), s.Creates.Load(), s.Readdirs.Load(), s.Reads.Load(), s.ReadBytes.Load(),
 		s.Writes.Load(), s.WriteBytes.Load(), s.Flushes.Load(), s.Fsyncs.Load(), s.WriteErrors.Load(), s.GetattrsAnswered.Load())
+	fmt.Fprintf(w, "fuse transport: %s ring_requests=%d\n", m.FS.FUSETransport(), m.FS.RingRequests())
 	if r := s.LastEIO.Load(); r != nil {
 		fmt.Fprintf(w, "eio: count=%d last=%s %s: %s\n", s.EIOs.Load(), r.Time.Format(time.RFC3339), r.Op, r.Err)
 	}
