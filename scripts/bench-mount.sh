@@ -18,6 +18,9 @@
 # switches, system calls) each knfsd or relay variant's rdmafs process and
 # relay process during each job, into DIR; PERF_RECORD=0 only counts.
 # RPCS=1 counts COMPOUNDs per entry of tar x, ls -l and rm -rf instead.
+# URING=1 instead compares rdmafs over FUSE-over-io_uring (-o uring) with
+# rdmafs over /dev/fuse and the loopback on ganesha, with 4 KiB random
+# reads at queue depth 16 and file creates too.
 # ganesha exports a directory in /dev/shm, so that this machine's disk is
 # not what is measured; EXPORT=disk puts it on the disk instead.
 #   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
@@ -33,6 +36,7 @@ args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
 [ "${RPCS:-0}" = 1 ] && args+=(-rpcs)
 [ "${RELAY:-}" = 0 ] && args+=(-relay=false)
 [ "${RELAY:-}" = 1 ] && args+=(-ganesha-relay)
+[ "${URING:-0}" = 1 ] && args+=(-uring)
 [ -n "${JOBS:-}" ] && args+=(-jobs "$JOBS")
 [ -n "${EXPORT:-}" ] && args+=(-export "$EXPORT")
 [ -n "${PERF:-}" ] && args+=(-perf "$PERF")

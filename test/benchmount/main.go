@@ -63,6 +63,8 @@ type job struct {
 	// cp, if set, copies a file of sizeMiB in or out with cp(1).
 	cp      cpDir
 	sizeMiB int
+	// creates, if set, creates that many empty files (uring.go).
+	creates int
 }
 
 func jobs(sizeMiB int) []job {
@@ -99,6 +101,9 @@ type side struct {
 func fio(s side, j job) (sample, error) {
 	if j.cp != 0 {
 		return runCp(s, j)
+	}
+	if j.creates != 0 {
+		return runCreates(s, j)
 	}
 	args := append([]string{"--name=bench", "--directory=" + s.dir, "--filename=benchfile", "--ioengine=psync",
 		"--output-format=json", "--group_reporting"}, j.args...)
@@ -345,6 +350,7 @@ func main() {
 	relay := flag.Bool("relay", true, "with -knfsd, also mount proto=tcp and proto=rdma through relay processes on this host relaying over TCP to knfsd")
 	ganeshaRelay := flag.Bool("ganesha-relay", false, "also mount ganesha through the two relays (tcp-relay, rdma-relay) and compare them")
 	exportOn := flag.String("export", "tmpfs", "where ganesha's export lives: tmpfs (/dev/shm, so that the disk is not measured) or disk (ganesha's run directory)")
+	uring := flag.Bool("uring", false, "instead of rdmafs against the loopback: rdmafs over FUSE-over-io_uring against rdmafs over /dev/fuse and the loopback (ganesha)")
 	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
 	flag.StringVar(&perfDir, "perf", "", "with -knfsd or -ganesha-relay, perf record and perf stat each rdmafs process (and the relay) during each job into this directory")
 	flag.BoolVar(&perfRecord, "perf-record", true, "with -perf, perf record as well as perf stat (false: only count, which slows the jobs less)")
@@ -367,7 +373,7 @@ func main() {
 	defer removeSources()
 
 	if *ganesha || *rpcs || *ganeshaRelay {
-		if err := benchGanesha(abs, *exportOn, *size, *rounds, *ganesha, *ganeshaRelay && !*rpcs, *rpcs, match); err != nil {
+		if err := benchGanesha(abs, *exportOn, *size, *rounds, *ganesha, *ganeshaRelay && !*rpcs, *rpcs, *uring, match); err != nil {
 			log.Fatalf("benchmount: %v", err)
 		}
 	}
@@ -381,8 +387,9 @@ func main() {
 
 // benchGanesha compares rdmafs on ganesha with the go-fuse loopback of
 // the same directory (with floor) and rdma-relay with tcp-relay in front
-// of it (with relay), or with rpcs counts COMPOUNDs per entry.
-func benchGanesha(abs, exportOn string, size, rounds int, floor, relay, rpcs bool, match *regexp.Regexp) error {
+// of it (with relay), or with rpcs counts COMPOUNDs per entry, or with
+// uring compares FUSE-over-io_uring with /dev/fuse (uring.go).
+func benchGanesha(abs, exportOn string, size, rounds int, floor, relay, rpcs, uring bool, match *regexp.Regexp) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir, err := exportDir(exportOn, size)
@@ -404,6 +411,9 @@ func benchGanesha(abs, exportOn string, size, rounds int, floor, relay, rpcs boo
 		}
 		printRPCs("COMPOUNDs per entry through rdmafs (proto=tcp, ganesha on this machine, export on "+exportOn+"), each workload on a fresh mount", steps)
 		return nil
+	}
+	if uring {
+		return benchURing(abs, g, exportOn, size, rounds, match)
 	}
 	if floor {
 		if err := benchFloor(abs, g, exportOn, size, rounds, match); err != nil {
