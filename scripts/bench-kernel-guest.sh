@@ -7,6 +7,8 @@
 #
 #   RESULT transport round workload client seconds rpcs entries
 #
+# git-clone clones a local repository of the tar-x tree (git clone
+# --no-local, one pack) into the mount; its entries are the tree's.
 # rpcs counts the RPCs (COMPOUNDs, and the kernel's other calls) the
 # client sent for the step: the kernel's per-op counts in
 # /proc/self/mountstats, rdmafs's in "rdmafs stats". Times come from
@@ -21,7 +23,9 @@ esac
 K=/mnt/kernel-$T; R=/mnt/rdmafs-$T
 mkdir -p $K $R
 mount -t nfs4 -o $KO $S:/ $K || { echo "FAILED: kernel mount -o $KO"; exit 1; }
-rdmafs mount -o $RO $S:/ $R || { echo "FAILED: rdmafs mount -o $RO"; umount $K; exit 1; }
+# A CPU profile of the rdmafs daemon for the whole run (the guest has no
+# perf); bench-kernel.sh prints its top.
+RDMAFS_CPUPROFILE=/tmp/rdmafs-$T.prof rdmafs mount -o $RO $S:/ $R || { echo "FAILED: rdmafs mount -o $RO"; umount $K; exit 1; }
 echo "MOUNTS $(grep " $K " /proc/mounts | cut -d' ' -f4) | rdmafs $RO"
 
 now() { cut -d' ' -f1 /proc/uptime; }
@@ -48,6 +52,16 @@ if [ ! -s /tmp/small.tar ]; then
   tar cf /tmp/small.tar . && cd / && rm -rf /tmp/small
 fi
 
+# The repository git clone copies: that tree committed, in one pack
+# (git is the host's binary, copied in by bench-kernel.sh).
+if [ ! -d /tmp/gsrc/.git ]; then
+  mkdir -p /tmp/gsrc && tar xf /tmp/small.tar -C /tmp/gsrc && cd /tmp/gsrc &&
+    git -c init.defaultBranch=main init -q . && git add . &&
+    git -c user.email=bench@kpeer -c user.name=bench commit -q -m tree &&
+    git repack -a -d -q || { echo "FAILED: making the repository to clone"; exit 1; }
+  cd /
+fi
+
 # step CLIENT MNT ROUND WORKLOAD ENTRIES: runs WORKLOAD in the client's
 # directory and prints its RESULT line.
 step() {
@@ -67,8 +81,12 @@ step() {
     tar-x) mkdir $D/t$r && tar xf /tmp/small.tar -C $D/t$r || echo "FAILED: $c $w" ;;
     ls-l) [ "$(ls -l $D/ls | wc -l)" -gt 1000 ] || echo "FAILED: $c $w" ;;
     rm-rf) rm -rf $D/t$r || echo "FAILED: $c $w" ;;
+    # --no-local: the pack goes through upload-pack and index-pack as
+    # from a server, then the checkout writes the tree.
+    git-clone) git clone -q --no-local /tmp/gsrc $D/g$r 2>/dev/null || echo "FAILED: $c $w" ;;
   esac
   t1=$(now); s1=$(rpcs $m)
+  [ $w = git-clone ] && rm -rf $D/g$r
   echo "RESULT $T $r $w $c $(awk -v a=$t0 -v b=$t1 'BEGIN { printf "%.2f", b - a }') $((s1 - s0)) $e"
 }
 
@@ -80,8 +98,8 @@ for c in kernel rdmafs; do
 done
 r=1
 while [ $r -le $ROUNDS ]; do
-  for w in write-direct read-direct write-buffered read-buffered read-4k-random tar-x ls-l rm-rf; do
-    case $w in read-4k-random) e=128 ;; tar-x|rm-rf) e=510 ;; ls-l) e=1000 ;; *) e=$SIZE ;; esac
+  for w in write-direct read-direct write-buffered read-buffered read-4k-random tar-x ls-l rm-rf git-clone; do
+    case $w in read-4k-random) e=128 ;; tar-x|rm-rf|git-clone) e=510 ;; ls-l) e=1000 ;; *) e=$SIZE ;; esac
     if [ $((r % 2)) = 1 ]; then step kernel $K $r $w $e; step rdmafs $R $r $w $e
     else step rdmafs $R $r $w $e; step kernel $K $r $w $e; fi
   done
@@ -89,4 +107,6 @@ while [ $r -le $ROUNDS ]; do
 done
 rm -rf $K/bench-kernel-$T $R/bench-rdmafs-$T
 rdmafs umount $R; umount $K
+# The daemon writes the profile as it exits.
+i=0; while [ ! -s /tmp/rdmafs-$T.prof ] && [ $i -lt 60 ]; do sleep 1; i=$((i+1)); done
 echo "DONE $T"

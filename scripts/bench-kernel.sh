@@ -9,7 +9,8 @@
 # 1 MiB sequential write and read, O_DIRECT and buffered; 4 KiB reads at
 # scattered offsets, one dd each; tar x of 500 files of 1 KiB in 10
 # directories; ls -l of 1000 entries (caches dropped first); rm -rf of
-# the unpacked tree. It prints, per transport and workload, the median of
+# the unpacked tree; git clone --no-local of a repository of that tree.
+# It prints, per transport and workload, the median of
 # the time ratios rdmafs/kernel, and the RPCs each client sent per entry
 # (per MiB for the data workloads): kernel from /proc/self/mountstats,
 # rdmafs from "rdmafs stats".
@@ -23,7 +24,8 @@
 # Knobs: TRANSPORTS ("tcp siw0 rxe0"), ROUNDS (5), SIZE (MiB per data
 # workload, 16), KPEER_MEM (guest MiB, 2048), RESULTS (file for the raw
 # RESULT lines; default a temporary file), STEP_TIMEOUT (s per transport,
-# 7200).
+# 7200), PROFILES (directory to keep each transport's rdmafs CPU profile
+# and the binary in, for go tool pprof).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -48,13 +50,14 @@ log "building rdmafs with the rdma-core provider (cgo)"
 CGO_ENABLED=1 go build -o "$W/rdmafs" ./cmd/rdmafs
 ldd "$W/rdmafs" | grep -q libibverbs || { echo "bench-kernel: rdmafs is not linked with libibverbs (libibverbs-dev, librdmacm-dev)" >&2; exit 1; }
 FM=$(command -v fusermount3) || { echo "bench-kernel: fusermount3 (fuse3) is needed in the guest" >&2; exit 1; }
+GIT=$(command -v git) || { echo "bench-kernel: git is needed in the guest (the git-clone workload): apt-get install git" >&2; exit 1; }
 
 KSHELL=$(freeport)
 log "booting the knfsd guest with the kernel NFS client (nfsv4, nfs, rpcrdma) and rxe"
 KPEER_RUN_DIR=$KRUN KPEER_TCP_PORT=$(freeport) KPEER_RDMA_PORT=$(freeport) KPEER_SHELL_PORT=$KSHELL \
   KPEER_MEM=${KPEER_MEM:-2048} KPEER_WATCH_PID=$$ \
   KPEER_EXTRA_MODS="nfsv4 nfs rdma_rxe ib_uverbs rdma_ucm fuse crc32_generic" \
-  KPEER_EXTRA="$W/rdmafs $FM" KPEER_EXTRA_RDMA_USER=1 \
+  KPEER_EXTRA="$W/rdmafs $FM $GIT" KPEER_EXTRA_RDMA_USER=1 \
   test/kpeer/run.sh >"$W/kpeer.log" 2>&1 || { cat "$W/kpeer.log" >&2; exit 1; }
 echo "knfsd guest: $(cat "$KRUN/accel" 2>/dev/null || echo '?') accel; rdmafs $(git rev-parse --short HEAD)"
 { echo "cat > /tmp/bench-kernel-guest.sh <<'XEOF'"; cat scripts/bench-kernel-guest.sh; echo "XEOF"; } | gexec "$(cat)" >/dev/null
@@ -86,6 +89,13 @@ for t in $TRANSPORTS; do
     echo "bench-kernel: $t failed:" >&2; echo "$out" | tail -20 >&2; exit 1
   fi
   echo "$out" | grep '^RESULT' >>"$RES"
+  # The rdmafs daemon's CPU profile of the run (RDMAFS_CPUPROFILE).
+  if gexec "base64 /tmp/rdmafs-$t.prof" | base64 -d >"$W/rdmafs-$t.prof" 2>/dev/null && [ -s "$W/rdmafs-$t.prof" ]; then
+    [ -n "${PROFILES:-}" ] && mkdir -p "$PROFILES" && cp "$W/rdmafs-$t.prof" "$W/rdmafs" "$PROFILES/"
+    go tool pprof -top -nodecount=25 "$W/rdmafs" "$W/rdmafs-$t.prof" 2>/dev/null >"$W/top-$t.txt" || true
+  else
+    log "$t: no CPU profile from the guest"
+  fi
 done
 
 # The table: per transport and workload, the median ratio of the
@@ -106,3 +116,11 @@ awk '
       printf "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", kw[1], kw[2], med(ratios), med(tm[key, "kernel"]), med(tm[key, "rdmafs"]), med(rp[key, "kernel"]), med(rp[key, "rdmafs"])
     }
   }' "$RES"
+for t in $TRANSPORTS; do
+  [ -s "$W/top-$t.txt" ] || continue
+  echo
+  echo "rdmafs daemon CPU profile over $t, the whole run (go tool pprof -top):"
+  echo '```'
+  cat "$W/top-$t.txt"
+  echo '```'
+done

@@ -419,6 +419,11 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 	if err := checkMountpoint(o.Dir); err != nil {
 		return err
 	}
+	stopProfile, err := startCPUProfile()
+	if err != nil {
+		return exitf(exitUsage, err, "%v", err)
+	}
+	defer stopProfile()
 	if err := checkTransport(o); err != nil {
 		return exitf(exitUsage, err, "%v", err)
 	}
