@@ -103,8 +103,9 @@ type Client struct {
 	wsize  int
 	maxLen uint64 // maxfilesize
 
-	lastRenew atomic.Int64 // UnixNano of the last successful SEQUENCE
-	bindBusy  atomic.Bool
+	lastRenew  atomic.Int64 // UnixNano of the last successful SEQUENCE
+	bindBusy   atomic.Bool
+	multiBound bool // nconnect: the MultiTransport's connections were bound (guarded by recoverMu after Dial)
 
 	cb       *callbackServer
 	ownerSeq atomic.Uint64 // open-owner numbers

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
 // SessionID is a sessionid4.
@@ -113,6 +115,9 @@ func (c *Client) establish(ctx context.Context, newClient bool) error {
 	}
 	c.sess.Store(s)
 	c.cb.setSession(s.id, int(s.back.maxrequests))
+	if err := c.bindConnections(ctx); err != nil {
+		return err
+	}
 	if newClient {
 		c.newClientID()
 		if !c.needReclaim {
@@ -159,11 +164,16 @@ func (c *Client) destroy(ctx context.Context) error {
 // NFS4ERR_DELAY (knfsd does so for DESTROY_SESSION while requests on the
 // session are still running).
 func (c *Client) simple(ctx context.Context, ops ...nfsOp) error {
+	return c.simpleOn(ctx, c.rpc, ops...)
+}
+
+// simpleOn is simple over rpc (one connection of several: nconnect.go).
+func (c *Client) simpleOn(ctx context.Context, rpc *oncrpc.Client, ops ...nfsOp) error {
 	var cp compound
 	for attempt := 1; ; attempt++ {
-		cp.resetMinor(c.rpc, c.sysCred, "", c.minor.Load())
+		cp.resetMinor(rpc, c.sysCred, "", c.minor.Load())
 		cp.add(ops...)
-		rep, err := c.rpc.Do(ctx, cp.call())
+		rep, err := rpc.Do(ctx, cp.call())
 		if err != nil {
 			return err
 		}
@@ -187,6 +197,10 @@ func (c *Client) bindConn(ctx context.Context) error {
 	s := c.sess.Load()
 	if s == nil {
 		return nil
+	}
+	if mt := c.multi(); mt != nil {
+		// nconnect: the first connection is the back channel's.
+		return c.bindConnection(ctx, 0, mt.Conn(0))
 	}
 	err := c.simple(ctx, &bindConnToSessionOp{args: bindConnToSession4args{sessionid: s.id, dir: cdfc4ForeOrBoth}})
 	c.trace("BIND_CONN_TO_SESSION: %v", err)

@@ -81,6 +81,13 @@ func (t *TCPTransport) Connect(ctx context.Context) error {
 	return err
 }
 
+// Generation counts the connections made so far (1 for the first).
+func (t *TCPTransport) Generation() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.gen
+}
+
 // Close closes the connection and fails calls in flight with ErrClosed.
 func (t *TCPTransport) Close() error {
 	t.mu.Lock()

@@ -76,6 +76,9 @@ type Transport struct {
 	addr string
 	pd   *verbs.ProtectionDomain
 	pool *mrcache.Pool
+	// borrowed: pd and pool belong to the transport Another was
+	// called on, which closes them.
+	borrowed bool
 
 	mu      sync.Mutex // guards conn, closed, exposed; held while dialing
 	conn    *conn
@@ -121,6 +124,27 @@ func NewTransport(addr string, cfg Config) *Transport {
 	_ = t.pool.ReserveFastRegions(cfg.Credits)
 	t.reqPool.New = func() any { return &req{} }
 	return t
+}
+
+// Another returns a second requester to the same responder with the same
+// configuration (nconnect), whose connection shares t's protection
+// domain and registered memory: a buffer from t.Buffers() can be exposed
+// on either connection, so the upper layer need not know which one a
+// call takes. It connects on the first call. Close it before t, which
+// owns the memory.
+func (t *Transport) Another() *Transport {
+	a := &Transport{cfg: t.cfg, addr: t.addr, pd: t.pd, pool: t.pool, borrowed: true}
+	// Fast regions for this connection's calls too.
+	_ = a.pool.ReserveFastRegions(a.cfg.Credits)
+	a.reqPool.New = func() any { return &req{} }
+	return a
+}
+
+// Generation counts the connections made so far (1 for the first).
+func (t *Transport) Generation() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.gens
 }
 
 // SetCallHandler registers the handler for backward-direction calls.
@@ -173,7 +197,9 @@ func (t *Transport) Close() error {
 	if c != nil {
 		c.fail(oncrpc.ErrClosed)
 	}
-	t.pool.Close()
+	if !t.borrowed {
+		t.pool.Close()
+	}
 	return nil
 }
 
