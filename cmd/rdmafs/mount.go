@@ -90,6 +90,13 @@ which override -o):
    noac | ac             attribute caching off | on (default on)
    ro | rw               read-only | read-write (default rw)
    allow_other           let other users use the mount (default off)
+   nconnect=N            N connections to the server, 1 to 16 (default
+                         1), as nfs(5): all bound to the one session
+                         (BIND_CONN_TO_SESSION), calls spread over them
+                         round robin, a broken connection's calls sent
+                         again on another while it is redialled; with
+                         proto=tcp and proto=rdma. rdmafs stats shows a
+                         line per connection
    rdmavers=auto|1|2     RPC-over-RDMA version with proto=rdma (default
                          auto: offer version 2, fall back to 1)
    rdmadev=NAME          verbs provider with proto=rdma: an RDMA device
@@ -139,7 +146,7 @@ FILE-SYSTEM-INDEPENDENT OPTIONS (mount(8)), as on a kernel NFS mount:
                          options keep the values of the mount; dirsync
                          stays as mounted (the kernel keeps it)
 fstab-only options (_netdev, defaults, auto, noauto, nofail, user, x-*,
-...), nfs(5) options without meaning here (sec, nconnect, ...), mand,
+...), nfs(5) options without meaning here (sec, lookupcache, ...), mand,
 nomand, iversion, and FUSE's own (user_id, group_id, default_permissions,
 max_read, which mount(8) repeats on a remount) are accepted and ignored;
 any other option is an error.
@@ -383,18 +390,38 @@ func dialTransport(o *mountOptions, tr *trace.Tracer) (oncrpc.Transport, error) 
 	switch o.Proto {
 	case "tcp":
 		addr := o.addr()
-		return oncrpc.NewTCPTransport(addr, oncrpc.TCPOptions{
-			DialTimeout: o.Timeo,
-			OnConnect: func(gen uint64) {
-				if tr.On(trace.RPC) {
-					tr.Printf(trace.RPC, "connected to %s (connection %d)", addr, gen)
-				}
-			},
-		}), nil
+		conns := make([]oncrpc.Transport, o.NConnect)
+		for i := range conns {
+			conns[i] = oncrpc.NewTCPTransport(addr, oncrpc.TCPOptions{
+				DialTimeout: o.Timeo,
+				OnConnect: func(gen uint64) {
+					if tr.On(trace.RPC) {
+						tr.Printf(trace.RPC, "connected to %s (connection %d.%d)", addr, i, gen)
+					}
+				},
+			})
+		}
+		return multiTransport(conns, false, tr)
 	case "rdma":
 		return dialRDMA(o, tr)
 	}
 	return nil, fmt.Errorf("proto=%s: unknown transport", o.Proto)
+}
+
+// multiTransport spreads calls over conns (nconnect=N, N > 1); a single
+// connection is used as it is.
+func multiTransport(conns []oncrpc.Transport, rdma bool, tr *trace.Tracer) (oncrpc.Transport, error) {
+	if len(conns) == 1 {
+		return conns[0], nil
+	}
+	return oncrpc.NewMultiTransport(conns, oncrpc.MultiOptions{
+		RDMA: rdma,
+		OnEvent: func(i int, event string, err error) {
+			if tr.On(trace.RPC) {
+				tr.Printf(trace.RPC, "nconnect: connection %d %s: %v", i, event, err)
+			}
+		},
+	})
 }
 
 // probe sends an RPC NULL over its own transport with soft semantics, so

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rdmafs/rdmafs/oncrpc"
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/fuse"
@@ -48,6 +49,9 @@ type mountOptions struct {
 	// URing serves the mount over FUSE-over-io_uring instead of
 	// /dev/fuse reads and writes (uring, uring=on|auto|off, nouring).
 	URing fuse.URingMode
+	// NConnect is the number of connections to the server (nfs(5)
+	// nconnect), 1 to 16.
+	NConnect int
 
 	// VFSFlags are the generic options of mount(8) as MS_* bits
 	// (nosuid, noatime, sync, ...), applied to the kernel's mount;
@@ -76,6 +80,7 @@ func defaultOptions() mountOptions {
 		Hard:     true,
 		RDMAVers: "auto",
 		RDMAMem:  64 << 20,
+		NConnect: 1,
 	}
 }
 
@@ -143,7 +148,7 @@ var ignoredOptions = map[string]bool{
 	"mand": true, "nomand": true, "iversion": true, "noiversion": true, "silent": true, "loud": true,
 	"intr": true, "nointr": true, "cto": true,
 	"sec": true, "lookupcache": true, "fsc": true, "nofsc": true, "local_lock": true,
-	"minorversion": true, "clientaddr": true, "namlen": true, "nconnect": true,
+	"minorversion": true, "clientaddr": true, "namlen": true,
 	// The kernel FUSE options rdmafs sets itself, which mount(8) repeats
 	// from /proc/self/mountinfo when it runs the helper for a remount.
 	"user_id": true, "group_id": true, "default_permissions": true, "max_read": true,
@@ -344,6 +349,12 @@ func (o *mountOptions) set(opt string) error {
 			return err
 		}
 		o.URing = fuse.URingOff
+	case "nconnect":
+		v, err := strconv.Atoi(val)
+		if !hasVal || err != nil || v < 1 || v > oncrpc.MaxConnections {
+			return fmt.Errorf("option nconnect=%s: want 1 to %d connections", val, oncrpc.MaxConnections)
+		}
+		o.NConnect = v
 	case "rdmavers":
 		switch val {
 		case "auto", "1", "2":
@@ -467,6 +478,10 @@ func (o *mountOptions) String() string {
 	if o.ReadOnly {
 		rw = "ro"
 	}
-	return fmt.Sprintf("%s,vers=%s,proto=%s,addr=%s,rsize=%d,wsize=%d,timeo=%d,retrans=%d,%s",
+	s := fmt.Sprintf("%s,vers=%s,proto=%s,addr=%s,rsize=%d,wsize=%d,timeo=%d,retrans=%d,%s",
 		rw, o.Vers, o.Proto, o.addr(), o.RSize, o.WSize, o.Timeo/(100*time.Millisecond), o.Retrans, hs)
+	if o.NConnect > 1 {
+		s += fmt.Sprintf(",nconnect=%d", o.NConnect) // as /proc/mounts shows it: only above 1
+	}
+	return s
 }

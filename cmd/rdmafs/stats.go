@@ -130,6 +130,20 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	}
 	fmt.Fprintf(w, "delegations: granted=%d recalled=%d returned=%d held=%d\n", ds.Granted, ds.Recalled, ds.Returned, ds.Held)
 	fmt.Fprintf(w, "server restarts: reclaimed_opens=%d reclaimed_locks=%d lost_opens=%d\n", rs.ReclaimedOpens, rs.ReclaimedLocks, rs.LostOpens)
+	if mt, ok := t.(*oncrpc.MultiTransport); ok {
+		// nconnect: a line per connection; the transport section below
+		// is the first connection's (the others share its memory).
+		fmt.Fprintf(w, "connections: %d\n", mt.Len())
+		for i, cs := range mt.Stats() {
+			state := "up"
+			if !cs.Up {
+				state = "down"
+			}
+			fmt.Fprintf(w, "  connection %d: %s calls=%d bytes_sent=%d bytes_received=%d resent=%d lost=%d reconnects=%d\n",
+				i, state, cs.Calls, cs.BytesSent, cs.BytesRecv, cs.Resent, cs.Failures, cs.Reconnects)
+		}
+		t = mt.Conn(0)
+	}
 	if ts, ok := t.(TransportStats); ok {
 		kv := ts.Stats()
 		keys := make([]string, 0, len(kv))

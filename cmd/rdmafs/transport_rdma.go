@@ -80,12 +80,21 @@ func dialRDMA(o *mountOptions, tr *trace.Tracer) (oncrpc.Transport, error) {
 		MemoryBytes:      o.RDMAMem,
 		Tracer:           tr,
 	})
-	return rdmaTransport{Transport: t, provider: desc, closer: closer}, nil
+	conns := []oncrpc.Transport{rdmaTransport{Transport: t, provider: desc, closer: closer}}
+	for len(conns) < o.NConnect {
+		// nconnect: more connections sharing t's registered memory.
+		conns = append(conns, rdmaTransport{Transport: t.Another(), provider: desc})
+	}
+	return multiTransport(conns, true, tr)
 }
 
 // buffersOf returns the registered memory of an RDMA transport for the
 // FUSE layer's READ and WRITE buffers, or nil (TCP: ordinary memory).
 func buffersOf(t oncrpc.Transport) fuse.BufferPool {
+	if mt, ok := t.(*oncrpc.MultiTransport); ok {
+		// The connections share the first one's registered memory.
+		t = mt.Conn(0)
+	}
 	if rt, ok := t.(rdmaTransport); ok {
 		return slabBuffers{rt.Buffers()}
 	}
