@@ -43,95 +43,103 @@ func (p peer) multiTransport(t *testing.T, n int, topts oncrpc.TCPOptions) *oncr
 // connection's calls go again on the others with the same slot and
 // sequence ID (RFC 8881 s2.10.6.2), the connection is redialled and
 // bound again (BIND_CONN_TO_SESSION, s18.34), and the file holds exactly
-// the data written.
+// the data written. For knfsd it is cut once on the client's side and once on the
+// server's (qemu's end of the forwarded connection).
 func TestNconnectWriteThroughCut(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, p peer) {
-		var cut atomic.Bool
-		var dials atomic.Int32
-		topts := oncrpc.TCPOptions{
-			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				var d net.Dialer
-				nc, err := d.DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				dials.Add(1)
-				// Each socket counts its own bytes; one cut in all.
-				return &cuttingConn{Conn: nc, written: new(atomic.Int64), limit: 1 << 20, cut: &cut}, nil
-			},
-		}
-		mt := p.multiTransport(t, 4, topts)
-		var log lockedBuffer
-		ctx := testCtx(t)
-		c, err := Dial(ctx, Config{Transport: mt, Export: p.export, Tracer: trace.New(&log, trace.NFS),
-			RPC: oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5}})
-		if err != nil {
-			t.Fatalf("%s: dial: %v", p.name, err)
-		}
-		defer c.Close(context.Background())
-		// Every connection after the first was bound to the session,
-		// for the fore channel only; RDMA mode over RPC-over-RDMA.
-		for i := 1; i < 4; i++ {
-			want := fmt.Sprintf("BIND_CONN_TO_SESSION connection %d dir=1 rdma=%v", i, p.rdma)
-			if !strings.Contains(log.String(), want) {
-				t.Fatalf("trace lacks %q:\n%s", want, log.String())
-			}
-		}
-		for _, l := range strings.Split(log.String(), "\n") {
-			if strings.Contains(l, "BIND_CONN_TO_SESSION") {
-				t.Log(l)
-			}
-		}
-		dir := testDir(t, c)
-		of := createFile(ctx, t, c, dir, "big")
-		data := pattern(10<<20, 23)
-		w := c.NewUnstableWriter(rootCred, of, 8)
-		if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
-			t.Fatalf("write: %v", err)
-		}
-		if err := w.Commit(ctx); err != nil {
-			t.Fatalf("commit: %v", err)
-		}
-		var lost, resent uint64
-		for _, s := range mt.Stats() {
-			lost += s.Failures
-			resent += s.Resent
-		}
-		if !cut.Load() || lost != 1 || resent == 0 {
-			t.Fatalf("no connection cut mid-write and its calls resent (cut=%v lost=%d resent=%d): %+v", cut.Load(), lost, resent, mt.Stats())
-		}
-		if got := readAll(ctx, t, c, of, len(data)); !bytes.Equal(got, data) {
-			t.Fatalf("read %d bytes that differ from the %d written", len(got), len(data))
-		}
-		// The cut connection is redialled and bound again before it
-		// carries calls.
-		for {
-			var back uint64
-			for _, s := range mt.Stats() {
-				back += s.Reconnects
-			}
-			if back == 1 {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("cut connection not bound again: %+v\n%s", mt.Stats(), log.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		if dials.Load() != 5 {
-			t.Errorf("%d connections made, want 4 and one redial", dials.Load())
-		}
-		if got := readAll(ctx, t, c, of, len(data)); !bytes.Equal(got, data) {
-			t.Fatalf("read over the redialled connection differs")
-		}
-		t.Logf("%s: connections %+v", p.name, mt.Stats())
-		for i, s := range mt.Stats() {
-			if !s.Up || s.Calls == 0 {
-				t.Errorf("connection %d: %+v", i, s)
-			}
-		}
-		if err := c.CloseFile(ctx, rootCred, of); err != nil {
-			t.Fatal(err)
+		t.Run("client-cut", func(t *testing.T) { nconnectThroughCut(t, p, nil) })
+		if p.knfsd != nil {
+			t.Run("server-cut", func(t *testing.T) { nconnectThroughCut(t, p, qemuCut(t, p.knfsd)) })
 		}
 	})
+}
+
+func nconnectThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
+	var cut atomic.Bool
+	var dials atomic.Int32
+	topts := oncrpc.TCPOptions{
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var d net.Dialer
+			nc, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			dials.Add(1)
+			// Each socket counts its own bytes; one cut in all.
+			return &cuttingConn{Conn: nc, written: new(atomic.Int64), limit: 1 << 20, cut: &cut, serverCut: serverCut}, nil
+		},
+	}
+	mt := p.multiTransport(t, 4, topts)
+	var log lockedBuffer
+	ctx := testCtx(t)
+	c, err := Dial(ctx, Config{Transport: mt, Export: p.export, Tracer: trace.New(&log, trace.NFS),
+		RPC: oncrpc.ClientOptions{Timeout: 30 * time.Second, Retrans: 5}})
+	if err != nil {
+		t.Fatalf("%s: dial: %v", p.name, err)
+	}
+	defer c.Close(context.Background())
+	// Every connection after the first was bound to the session,
+	// for the fore channel only; RDMA mode over RPC-over-RDMA.
+	for i := 1; i < 4; i++ {
+		want := fmt.Sprintf("BIND_CONN_TO_SESSION connection %d dir=1 rdma=%v", i, p.rdma)
+		if !strings.Contains(log.String(), want) {
+			t.Fatalf("trace lacks %q:\n%s", want, log.String())
+		}
+	}
+	for _, l := range strings.Split(log.String(), "\n") {
+		if strings.Contains(l, "BIND_CONN_TO_SESSION") {
+			t.Log(l)
+		}
+	}
+	dir := testDir(t, c)
+	of := createFile(ctx, t, c, dir, "big")
+	data := pattern(10<<20, 23)
+	w := c.NewUnstableWriter(rootCred, of, 8)
+	if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if err := w.Commit(ctx); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	var lost, resent uint64
+	for _, s := range mt.Stats() {
+		lost += s.Failures
+		resent += s.Resent
+	}
+	if !cut.Load() || lost != 1 || resent == 0 {
+		t.Fatalf("no connection cut mid-write and its calls resent (cut=%v lost=%d resent=%d): %+v", cut.Load(), lost, resent, mt.Stats())
+	}
+	if got := readAll(ctx, t, c, of, len(data)); !bytes.Equal(got, data) {
+		t.Fatalf("read %d bytes that differ from the %d written", len(got), len(data))
+	}
+	// The cut connection is redialled and bound again before it
+	// carries calls.
+	for {
+		var back uint64
+		for _, s := range mt.Stats() {
+			back += s.Reconnects
+		}
+		if back == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("cut connection not bound again: %+v\n%s", mt.Stats(), log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if dials.Load() != 5 {
+		t.Errorf("%d connections made, want 4 and one redial", dials.Load())
+	}
+	if got := readAll(ctx, t, c, of, len(data)); !bytes.Equal(got, data) {
+		t.Fatalf("read over the redialled connection differs")
+	}
+	t.Logf("%s: connections %+v", p.name, mt.Stats())
+	for i, s := range mt.Stats() {
+		if !s.Up || s.Calls == 0 {
+			t.Errorf("connection %d: %+v", i, s)
+		}
+	}
+	if err := c.CloseFile(ctx, rootCred, of); err != nil {
+		t.Fatal(err)
+	}
 }
