@@ -19,7 +19,7 @@ help:
 	@echo "make unit    unit tests only (go test -short)"
 	@echo "make fuzz    run every fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make bench   data-path benchmarks"
-	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; RELAY=1: rdma-relay vs tcp-relay on ganesha; SIZE, ROUNDS; EXPORT=disk: ganesha on the disk, not tmpfs)"
+	@echo "make bench-mount  fio through rdmafs vs a go-fuse loopback (KNFSD=1: also rdma vs tcp on knfsd; RELAY=1: rdma-relay vs tcp-relay on ganesha; NCONNECT=1: nconnect=1, 2, 4 over tcp and an rdma relay; SIZE, ROUNDS; EXPORT=disk: ganesha on the disk, not tmpfs)"
 	@echo "make bench-kernel  rdmafs vs the Linux kernel NFS client in the knfsd guest, over tcp, siw and rxe: time ratios and RPCs per entry (TRANSPORTS, ROUNDS, SIZE; see scripts/bench-kernel.sh)"
 	@echo "make bench-v42  NFSv4.2 COPY vs read/write copy on knfsd, sparse (SEEK) vs dense read on ganesha; medians of alternating rounds (SIZE, ROUNDS, PROTOS; see scripts/bench-v42.sh)"
 	@echo "make soak    data-verification soak on each server and transport (DURATION=30m, PEERS, PARALLEL=1, CUT=60s, RESTART_CMD; see scripts/soak.sh)"

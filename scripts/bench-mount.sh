@@ -17,6 +17,9 @@
 # matches that regexp. PERF=DIR has perf record and perf stat (context
 # switches, system calls) each knfsd or relay variant's rdmafs process and
 # relay process during each job, into DIR; PERF_RECORD=0 only counts.
+# NCONNECT=1 instead compares nconnect=1, 2 and 4 (4 parallel fio jobs,
+# 1 MiB sequential write and read) over tcp to ganesha and proto=rdma
+# through a relay process to it (test/benchmount/nconnect.go).
 # RPCS=1 counts COMPOUNDs per entry of tar x, ls -l and rm -rf instead.
 # URING=1 instead compares rdmafs over FUSE-over-io_uring (-o uring) with
 # rdmafs over /dev/fuse and the loopback on ganesha, with 4 KiB random
@@ -25,6 +28,7 @@
 # not what is measured; EXPORT=disk puts it on the disk instead.
 #   SIZE=1024 ROUNDS=3 KNFSD=1 scripts/bench-mount.sh
 #   SIZE=256 ROUNDS=5 RELAY=1 JOBS='1M direct' scripts/bench-mount.sh
+#   SIZE=256 ROUNDS=5 NCONNECT=1 scripts/bench-mount.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -34,6 +38,7 @@ args=(-rdmafs bin/rdmafs -size "${SIZE:-1024}" -rounds "${ROUNDS:-1}")
 [ "${KNFSD:-0}" = 1 ] && args+=(-knfsd -knfsd-net "${KNFSD_NET:-user}")
 [ "${GANESHA:-1}" = 0 ] && args+=(-ganesha=false)
 [ "${RPCS:-0}" = 1 ] && args+=(-rpcs)
+[ "${NCONNECT:-0}" = 1 ] && args+=(-nconnect)
 [ "${RELAY:-}" = 0 ] && args+=(-relay=false)
 [ "${RELAY:-}" = 1 ] && args+=(-ganesha-relay)
 [ "${URING:-0}" = 1 ] && args+=(-uring)

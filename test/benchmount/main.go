@@ -351,6 +351,7 @@ func main() {
 	ganeshaRelay := flag.Bool("ganesha-relay", false, "also mount ganesha through the two relays (tcp-relay, rdma-relay) and compare them")
 	exportOn := flag.String("export", "tmpfs", "where ganesha's export lives: tmpfs (/dev/shm, so that the disk is not measured) or disk (ganesha's run directory)")
 	uring := flag.Bool("uring", false, "instead of rdmafs against the loopback: rdmafs over FUSE-over-io_uring against rdmafs over /dev/fuse and the loopback (ganesha)")
+	nconnect := flag.Bool("nconnect", false, "instead: compare nconnect=1, 2 and 4 with 4 parallel fio jobs against ganesha, over tcp and through an rdma relay (nconnect.go)")
 	jobsRE := flag.String("jobs", "", "run only the jobs whose name matches this regexp (e.g. '1M direct')")
 	flag.StringVar(&perfDir, "perf", "", "with -knfsd or -ganesha-relay, perf record and perf stat each rdmafs process (and the relay) during each job into this directory")
 	flag.BoolVar(&perfRecord, "perf-record", true, "with -perf, perf record as well as perf stat (false: only count, which slows the jobs less)")
@@ -371,6 +372,13 @@ func main() {
 	}
 	defer testpeer.StopAll()
 	defer removeSources()
+
+	if *nconnect {
+		if err := benchNconnect(abs, *exportOn, *size, *rounds); err != nil {
+			log.Fatalf("benchmount: %v", err)
+		}
+		return
+	}
 
 	if *ganesha || *rpcs || *ganeshaRelay {
 		if err := benchGanesha(abs, *exportOn, *size, *rounds, *ganesha, *ganeshaRelay && !*rpcs, *rpcs, *uring, match); err != nil {
