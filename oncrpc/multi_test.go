@@ -246,3 +246,54 @@ func TestMultiConnectionCount(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiNoReplyMovesCall: a call the server never answers on its
+// first connection is sent again, after the client's timeout, on
+// another one (the transport broke the first: RFC 8881 s2.9.2), which
+// is then redialled and bound again.
+func TestMultiNoReplyMovesCall(t *testing.T) {
+	var dropped atomic.Bool
+	h := handlerFunc(func(msg []byte) []byte {
+		_, args, err := ParseCall(msg)
+		if err != nil {
+			return nil
+		}
+		if bytes.Contains(args, []byte("stuck")) && dropped.CompareAndSwap(false, true) {
+			return nil // no reply, the connection stays up
+		}
+		return (&echoHandler{}).HandleCall(msg)
+	})
+	addr := serveEcho(t, h)
+	m := newMulti(t, addr, 3)
+	var b binder
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.Bind(ctx, b.bind); err != nil {
+		t.Fatal(err)
+	}
+	var retrans atomic.Int32
+	c := NewClient(m, 1, 1, ClientOptions{Timeout: 200 * time.Millisecond, Retrans: 5,
+		OnRetransmit: func(uint32, int, error) { retrans.Add(1) }})
+	got, err := echoCall(ctx, c, []byte("stuck"))
+	if err != nil || string(got) != "stuck" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	if !dropped.Load() || retrans.Load() == 0 {
+		t.Fatalf("the call was not retransmitted (dropped=%v retransmissions=%d)", dropped.Load(), retrans.Load())
+	}
+	var lost, back uint64
+	for {
+		lost, back = 0, 0
+		for _, s := range m.Stats() {
+			lost += s.Failures
+			back += s.Reconnects
+		}
+		if back >= 1 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if lost != 1 || back != 1 {
+		t.Fatalf("connections lost %d, bound again %d, want 1 and 1: %+v", lost, back, m.Stats())
+	}
+}
