@@ -176,8 +176,10 @@ func statsCommand() *cli.Command {
 statistics: per NFS operation the count, errors, bytes sent, average and
 99th percentile latency; retransmissions and session recoveries; FUSE
 request counts and bytes read and written; the session's slots and the
-calls on them that the server has not answered yet, with their age; and
-the transport's own counters when it has any.
+calls on them that the server has not answered yet, with their age; with
+nconnect, a line per connection (up or down, calls, bytes, calls resent
+on it after their own connection broke, losses, reconnects); and the
+transport's own counters when it has any.
 
 With --stacks it prints instead the stack of every goroutine of the
 serving process: what a mount that hangs is waiting for. Attach it to a
