@@ -34,6 +34,9 @@ type peer struct {
 	knfsd  *testpeer.Knfsd
 	rdma   bool // RPC-over-RDMA (iWARP) instead of TCP
 	v2     bool // insist on RPC-over-RDMA version 2
+	// nconnect, above 1, is the number of connections of an
+	// oncrpc.MultiTransport (nconnect_integration_test.go).
+	nconnect int
 }
 
 // forEachPeer runs f against knfsd (kpeer) over TCP and over RPC-over-RDMA,
@@ -89,6 +92,9 @@ func requireV2Relay(t *testing.T) string {
 // transport makes the peer's transport. For RPC-over-RDMA only
 // topts.Dial applies: it makes the TCP connection under iWARP.
 func (p peer) transport(topts oncrpc.TCPOptions) oncrpc.Transport {
+	if p.nconnect > 1 {
+		return p.multiTransport(topts)
+	}
 	if p.rdma {
 		pv := &iwarp.Provider{}
 		if dial := topts.Dial; dial != nil {

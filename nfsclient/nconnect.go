@@ -2,6 +2,7 @@ package nfsclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -69,6 +70,14 @@ func (c *Client) bindConnection(ctx context.Context, i int, tr oncrpc.Transport)
 	err := c.simpleOn(ctx, rpc, op)
 	c.trace("BIND_CONN_TO_SESSION connection %d dir=%d rdma=%v: reply dir=%d rdma=%v: %v",
 		i, dir, rdma, op.res.dir, op.res.useConnInRdmaMode, err)
+	if dir == cdfc4Fore && errors.Is(err, ErrInval) {
+		// RFC 8881 s18.34.3, last paragraph: a connection already
+		// bound to the session in both directions cannot be narrowed
+		// to the fore channel (NFS4ERR_INVAL). After a recovery it is
+		// the one that carried CREATE_SESSION, which bound it
+		// (s18.36.3): bound as wanted, and then some.
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("BIND_CONN_TO_SESSION on connection %d: %w", i, err)
 	}

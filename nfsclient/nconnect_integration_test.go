@@ -10,28 +10,38 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
 )
 
-// multiTransport makes n connections to p, spread by an
-// oncrpc.MultiTransport (nconnect=n). Over RPC-over-RDMA the others
-// share the first one's registered memory (rpcrdma.Transport.Another).
-func (p peer) multiTransport(t *testing.T, n int, topts oncrpc.TCPOptions) *oncrpc.MultiTransport {
-	t.Helper()
-	first := p.transport(topts)
+// multiTransport makes p.nconnect connections to p (2 to 16), spread by
+// an oncrpc.MultiTransport. Over RPC-over-RDMA the others share the
+// first one's registered memory (rpcrdma.Transport.Another).
+func (p peer) multiTransport(topts oncrpc.TCPOptions) oncrpc.Transport {
+	one := p
+	one.nconnect = 0
+	first := one.transport(topts)
 	conns := []oncrpc.Transport{first}
-	for len(conns) < n {
+	for len(conns) < p.nconnect {
 		if rt, ok := first.(*rpcrdma.Transport); ok {
 			conns = append(conns, rt.Another())
 		} else {
-			conns = append(conns, p.transport(topts))
+			conns = append(conns, one.transport(topts))
 		}
 	}
-	mt, err := oncrpc.NewMultiTransport(conns, oncrpc.MultiOptions{RDMA: p.rdma})
+	opts := oncrpc.MultiOptions{RDMA: p.rdma}
+	if tr := testTracer(); tr != nil {
+		opts.OnEvent = func(i int, event string, err error) {
+			tr.Printf(trace.RPC, "nconnect: connection %d %s: %v", i, event, err)
+		}
+	}
+	mt, err := oncrpc.NewMultiTransport(conns, opts)
 	if err != nil {
-		t.Fatal(err)
+		// Only a count outside 1..16 fails: the first connection then
+		// stands alone, and the test's own checks of mt fail.
+		return first
 	}
 	return mt
 }
@@ -69,7 +79,11 @@ func nconnectThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
 			return &cuttingConn{Conn: nc, written: new(atomic.Int64), limit: 1 << 20, cut: &cut, serverCut: serverCut}, nil
 		},
 	}
-	mt := p.multiTransport(t, 4, topts)
+	p.nconnect = 4
+	mt, ok := p.transport(topts).(*oncrpc.MultiTransport)
+	if !ok {
+		t.Fatal("no MultiTransport")
+	}
 	var log lockedBuffer
 	ctx := testCtx(t)
 	c, err := Dial(ctx, Config{Transport: mt, Export: p.export, Tracer: trace.New(&log, trace.NFS),
@@ -142,4 +156,23 @@ func nconnectThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
 	if err := c.CloseFile(ctx, rootCred, of); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestNconnectKnfsdRestartRecovery is TestKnfsdRestartRecovery with
+// four connections per client: every connection breaks when knfsd
+// restarts, each one's bind to the lost session is refused
+// (NFS4ERR_BADSESSION), the calls' SEQUENCE starts the recovery, and
+// the connections are bound to the new session (RFC 8881 s2.10.13).
+func TestNconnectKnfsdRestartRecovery(t *testing.T) {
+	k := testpeer.RequireKnfsd(t)
+	tcp := peer{name: "knfsd", addr: k.TCPAddr, export: "/", knfsd: k}
+	t.Run("tcp", func(t *testing.T) {
+		p := tcp
+		p.nconnect = 4
+		restartRecovery(t, p, tcp, k.Restart)
+	})
+	t.Run("rdma", func(t *testing.T) {
+		p := peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", knfsd: k, rdma: true, nconnect: 4}
+		restartRecovery(t, p, tcp, k.Restart)
+	})
 }

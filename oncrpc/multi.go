@@ -183,12 +183,26 @@ func (m *MultiTransport) bindConn(ctx context.Context, i int) error {
 	gen := generation(c.tr)
 	if bind != nil {
 		if err := bind(ctx, i, c.tr); err != nil {
-			return fmt.Errorf("bind: %w", err)
+			return &bindError{err: err}
 		}
 	}
 	c.gen.Store(gen)
 	m.setUp(c)
 	return nil
+}
+
+// bindError is a BindFunc's failure.
+type bindError struct{ err error }
+
+func (e *bindError) Error() string { return "bind: " + e.err.Error() }
+func (e *bindError) Unwrap() error { return e.err }
+
+// refused reports whether err is a bind the server answered and refused
+// (not a connection that broke or a reply that did not come).
+func refused(err error) bool {
+	var be *bindError
+	return errors.As(err, &be) && !errors.Is(err, ErrConnection) && !errors.Is(err, ErrTimeout) &&
+		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
 func generation(tr Transport) uint64 {
@@ -227,10 +241,37 @@ func (m *MultiTransport) lost(i int, err error) {
 func (m *MultiTransport) revive(i int) {
 	c := m.conns[i]
 	defer c.reviving.Store(false)
-	for attempt := 0; m.ctx.Err() == nil; attempt++ {
-		ctx, cancel := context.WithTimeout(m.ctx, m.opts.BindTimeout)
+	for attempt := 0; ; attempt++ {
+		// Not at once: a server that is restarting may take the
+		// connection and answer nothing on it for a while (a forwarder
+		// in front of it, an RDMA handshake). Each attempt is bounded
+		// by a timeout that grows from 2 s to BindTimeout, so that a
+		// dial that hangs is given up and made again.
+		if sleepCtx(m.ctx, min(backoff(attempt), 5*time.Second)) != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(m.ctx, min(2*time.Second<<min(attempt, 5), m.opts.BindTimeout))
 		err := m.bindConn(ctx, i)
 		cancel()
+		if refused(err) {
+			// The server answered on the new connection and refused
+			// the bind: an NFSv4.1 server that restarted has lost the
+			// session (NFS4ERR_BADSESSION). The connection carries
+			// calls anyway; their SEQUENCE finds the session gone and
+			// the client's recovery makes a new one and binds every
+			// connection to it again (Rebind). Were it kept out, a
+			// MultiTransport whose connections all broke would wait
+			// for ever for one the session it lost would accept.
+			if m.opts.OnEvent != nil {
+				m.opts.OnEvent(i, "bind refused, in use unbound", err)
+			}
+			s := err.Error()
+			c.lastErr.Store(&s)
+			c.gen.Store(generation(c.tr))
+			c.reconnects.Add(1)
+			m.setUp(c)
+			return
+		}
 		if err == nil {
 			c.reconnects.Add(1)
 			if m.opts.OnEvent != nil {
@@ -240,9 +281,6 @@ func (m *MultiTransport) revive(i int) {
 		}
 		if m.opts.OnEvent != nil {
 			m.opts.OnEvent(i, "redial", err)
-		}
-		if sleepCtx(m.ctx, min(backoff(attempt), 5*time.Second)) != nil {
-			return
 		}
 	}
 }
