@@ -240,7 +240,22 @@ func (m *MultiTransport) lost(i int, err error) {
 
 func (m *MultiTransport) revive(i int) {
 	c := m.conns[i]
-	defer c.reviving.Store(false)
+	for {
+		m.redial(i)
+		c.reviving.Store(false)
+		// Lost again between coming up and the line above? Then that
+		// lost saw a revival running and left the connection to it:
+		// go round again.
+		if c.up.Load() || m.ctx.Err() != nil || !c.reviving.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// redial makes connection i again and binds it, until it is up or the
+// MultiTransport is closed.
+func (m *MultiTransport) redial(i int) {
+	c := m.conns[i]
 	for attempt := 0; ; attempt++ {
 		// Not at once: a server that is restarting may take the
 		// connection and answer nothing on it for a while (a forwarder
