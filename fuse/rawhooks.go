@@ -227,7 +227,7 @@ func (f *FS) mount(dir string, root fs.InodeEmbedder, opts *fs.Options) (*gofuse
 	// INIT is done; no request is served before srv.Serve.
 	f.directIOMmap = srv.KernelSettings().Flags64()&gofuse.CAP_DIRECT_IO_ALLOW_MMAP != 0
 	go srv.Serve()
-	if err := srv.WaitMount(); err != nil {
+	if err := waitMount(srv, dir); err != nil {
 		return nil, err
 	}
 	return srv, nil

@@ -103,7 +103,7 @@ func (f *FS) mountURing(dir string, raw gofuse.RawFileSystem, mo *gofuse.MountOp
 		f.ring = ring
 		go serveDevFuse(dev, ps, srv, ring, mo.MaxWrite)
 	}
-	if err := srv.WaitMount(); err != nil {
+	if err := waitMount(srv, dir); err != nil {
 		return nil, err
 	}
 	return srv, nil

@@ -82,8 +82,9 @@ step() {
     ls-l) [ "$(ls -l $D/ls | wc -l)" -gt 1000 ] || echo "FAILED: $c $w" ;;
     rm-rf) rm -rf $D/t$r || echo "FAILED: $c $w" ;;
     # --no-local: the pack goes through upload-pack and index-pack as
-    # from a server, then the checkout writes the tree.
-    git-clone) git clone -q --no-local /tmp/gsrc $D/g$r 2>/dev/null || echo "FAILED: $c $w" ;;
+    # from a server, then the checkout writes the tree (upload-pack
+    # named as a git subcommand: the guest has only the git binary).
+    git-clone) git clone -q --no-local -u 'git upload-pack' /tmp/gsrc $D/g$r 2>/tmp/git-$c.err || echo "FAILED: $c $w: $(tail -3 /tmp/git-$c.err)" ;;
   esac
   t1=$(now); s1=$(rpcs $m)
   [ $w = git-clone ] && rm -rf $D/g$r

@@ -92,7 +92,7 @@ for t in $TRANSPORTS; do
   # The rdmafs daemon's CPU profile of the run (RDMAFS_CPUPROFILE).
   if gexec "base64 /tmp/rdmafs-$t.prof" | base64 -d >"$W/rdmafs-$t.prof" 2>/dev/null && [ -s "$W/rdmafs-$t.prof" ]; then
     [ -n "${PROFILES:-}" ] && mkdir -p "$PROFILES" && cp "$W/rdmafs-$t.prof" "$W/rdmafs" "$PROFILES/"
-    go tool pprof -top -nodecount=25 "$W/rdmafs" "$W/rdmafs-$t.prof" 2>/dev/null >"$W/top-$t.txt" || true
+    go tool pprof -top -cum -nodecount=30 "$W/rdmafs" "$W/rdmafs-$t.prof" 2>/dev/null >"$W/top-$t.txt" || true
   else
     log "$t: no CPU profile from the guest"
   fi
@@ -119,7 +119,7 @@ awk '
 for t in $TRANSPORTS; do
   [ -s "$W/top-$t.txt" ] || continue
   echo
-  echo "rdmafs daemon CPU profile over $t, the whole run (go tool pprof -top):"
+  echo "rdmafs daemon CPU profile over $t, the whole run (go tool pprof -top -cum):"
   echo '```'
   cat "$W/top-$t.txt"
   echo '```'
