@@ -278,7 +278,11 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 			// File handles for name_to_handle_at and
 			// open_by_handle_at, as an NFS mount offers
 			// (export.go).
-			gofuse.CAP_EXPORT_SUPPORT,
+			gofuse.CAP_EXPORT_SUPPORT |
+			// Asynchronous O_DIRECT (libaio, io_uring) sends a
+			// file's requests to us at once instead of one at a
+			// time (FUSE_ASYNC_DIO, fs/fuse/file.c fuse_direct_IO).
+			gofuse.CAP_ASYNC_DIO,
 	}
 	if opts.URing != URingOff {
 		mo.ExtraCapabilities |= gofuse.CAP_OVER_IO_URING
