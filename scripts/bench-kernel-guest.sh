@@ -1,4 +1,4 @@
-# bench-kernel-guest.sh TRANSPORT ROUNDS SIZE: runs inside the knfsd
+# bench-kernel-guest.sh TRANSPORT ROUNDS SIZE [OPS]: runs inside the knfsd
 # guest (scripts/bench-kernel.sh pushes it there). Mounts the guest's own
 # knfsd twice over TRANSPORT (tcp, siw0 or rxe0): with the Linux kernel
 # NFS client (NFSv4.2) and with rdmafs (the rdma-core provider on the same
@@ -14,7 +14,7 @@
 # /proc/self/mountstats, rdmafs's in "rdmafs stats". Times come from
 # /proc/uptime (10 ms; busybox date has no %N).
 export PATH=/usr/local/bin:$PATH
-T=$1; ROUNDS=$2; SIZE=$3
+T=$1; ROUNDS=$2; SIZE=$3; OPS=$4
 S=10.0.2.15
 case $T in
   tcp) KO="vers=4.2,proto=tcp,addr=$S"; RO="proto=tcp" ;;
@@ -37,6 +37,16 @@ rpcs() {
       f && p && $1 ~ /^[A-Z_0-9]+:$/ { s += $2 } END { print s + 0 }' /proc/self/mountstats
   else
     rdmafs stats $1 | awk '/^per-op statistics/ { p = 1; next } p && $1 != "op" && NF >= 6 { s += $2 } END { print s + 0 }'
+  fi
+}
+# ops MNT: "OP count" lines, the calls per operation sent so far.
+ops() {
+  if [ "$1" = $K ]; then
+    awk -v m=" $K " 'index($0, "mounted on") { f = index($0, m) > 0; p = 0; next }
+      f && /per-op statistics/ { p = 1; next }
+      f && p && $1 ~ /^[A-Z_0-9]+:$/ { sub(":", "", $1); print $1, $2 }' /proc/self/mountstats
+  else
+    rdmafs stats $1 | awk '/^per-op statistics/ { p = 1; next } p && $1 != "op" && NF >= 6 { print $1, $2 }'
   fi
 }
 dropcaches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
@@ -67,7 +77,7 @@ fi
 step() {
   c=$1 m=$2 r=$3 w=$4 e=$5 D=$2/bench-$1-$T
   case $w in read-direct|read-buffered|ls-l) dropcaches ;; esac
-  s0=$(rpcs $m); t0=$(now)
+  s0=$(rpcs $m); [ -n "$OPS" ] && ops $m > /tmp/ops0; t0=$(now)
   case $w in
     write-direct) dd if=/dev/zero of=$D/big bs=1M count=$SIZE oflag=direct 2>/dev/null || echo "FAILED: $c $w" ;;
     read-direct) dd if=$D/big of=/dev/null bs=1M iflag=direct 2>/dev/null || echo "FAILED: $c $w" ;;
@@ -87,6 +97,9 @@ step() {
     git-clone) git clone -q --no-local -u 'git upload-pack' /tmp/gsrc $D/g$r 2>/tmp/git-$c.err || echo "FAILED: $c $w: $(tail -3 /tmp/git-$c.err)" ;;
   esac
   t1=$(now); s1=$(rpcs $m)
+  # OPS=1: the step's calls per operation, "OPS transport round workload
+  # client OP=n ...", for breaking an RPC count down.
+  [ -n "$OPS" ] && echo "OPS $T $r $w $c $(ops $m | awk 'NR == FNR { b[$1] = $2; next } $2 - b[$1] > 0 { printf "%s=%d ", $1, $2 - b[$1] }' /tmp/ops0 -)"
   [ $w = git-clone ] && rm -rf $D/g$r
   echo "RESULT $T $r $w $c $(awk -v a=$t0 -v b=$t1 'BEGIN { printf "%.2f", b - a }') $((s1 - s0)) $e"
 }

@@ -25,7 +25,8 @@
 # workload, 16), KPEER_MEM (guest MiB, 2048), RESULTS (file for the raw
 # RESULT lines; default a temporary file), STEP_TIMEOUT (s per transport,
 # 7200), PROFILES (directory to keep each transport's rdmafs CPU profile
-# and the binary in, for go tool pprof).
+# and the binary in, for go tool pprof), OPS (1: also print each step's
+# calls per operation on both clients, OPS lines).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -75,12 +76,12 @@ for t in $TRANSPORTS; do
   log "$t: $ROUNDS rounds"
   # Detached, with its output in a file the host polls: the control
   # shell gives up on a command silent for 30 s.
-  gexec "setsid sh -c 'sh /tmp/bench-kernel-guest.sh $t $ROUNDS $SIZE > /tmp/bk-$t.log 2>&1' </dev/null >/dev/null 2>&1 &" >/dev/null
+  gexec "setsid sh -c 'sh /tmp/bench-kernel-guest.sh $t $ROUNDS $SIZE ${OPS:-} > /tmp/bk-$t.log 2>&1' </dev/null >/dev/null 2>&1 &" >/dev/null
   seen=0 deadline=$(( $(date +%s) + ${STEP_TIMEOUT:-7200} ))
   while :; do
     sleep 5
     out=$(gexec "cat /tmp/bk-$t.log")
-    echo "$out" | tail -n +$((seen + 1)) | grep -E '^(MOUNTS|RESULT|FAILED)' >&2 || true
+    echo "$out" | tail -n +$((seen + 1)) | grep -E '^(MOUNTS|RESULT|OPS|FAILED)' >&2 || true
     seen=$(echo "$out" | wc -l)
     echo "$out" | grep -q -E "^(DONE $t|FAILED)" && break
     [ "$(date +%s)" -lt "$deadline" ] || { echo "bench-kernel: $t: no end after ${STEP_TIMEOUT:-7200} s" >&2; exit 1; }
