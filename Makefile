@@ -40,12 +40,8 @@ GUEST_RDMA  = $(GO) test -tags guestrdma -count=1 -timeout 30m -run '^TestKnfsdG
 
 # The packages that mount, again, with every mount served over
 # FUSE-over-io_uring (RDMAFS_URING=on: fuse.Options.URing, -o uring);
-# make deps turns the kernel's enable_uring on. Left out: the tests of
-# what the server and the network do under a mount (a NIC reset, a
-# server restart, the soak), which do not depend on how FUSE requests
-# arrive and take minutes in the guest.
-URING_PASS  = RDMAFS_URING=on $(GO) test $(TESTFLAGS) -skip '$(URING_SKIP)' ./fuse/... ./cmd/rdmafs/
-URING_SKIP ?= ^(TestServerNICReset|TestServerRestartUnderMount|TestSoak)$$
+# make deps turns the kernel's enable_uring on.
+URING_PASS  = RDMAFS_URING=on $(GO) test $(TESTFLAGS) ./fuse/... ./cmd/rdmafs/
 
 # deps first: on a bare machine the ganesha and knfsd tests need it; once
 # everything is installed and the guest is cached it takes a second.
