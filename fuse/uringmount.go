@@ -1,6 +1,7 @@
 package fuse
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log"
@@ -121,7 +122,8 @@ func initProtocolServer(ps *gofuse.ProtocolServer, ks *gofuse.InitIn) error {
 	if !st.Ok() || n < 16 {
 		return fmt.Errorf("replaying INIT: %v", st)
 	}
-	if errno := int32(uint32(out[4]) | uint32(out[5])<<8 | uint32(out[6])<<16 | uint32(out[7])<<24); errno != 0 {
+	// fuse_out_header: len, error (a negative errno), unique.
+	if errno := int32(binary.NativeEndian.Uint32(out[4:])); errno != 0 {
 		return fmt.Errorf("replaying INIT: %w", syscall.Errno(-errno))
 	}
 	return nil

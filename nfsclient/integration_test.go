@@ -462,6 +462,24 @@ func TestReadDir1000(t *testing.T) {
 // or, under iWARP, of an MPA frame). Otherwise serverCut drops the
 // server's end before the buffer is written, and the client finds out
 // from the socket.
+// cutDialer dials TCP connections wrapped in cuttingConns that cut
+// once between them all (cut) when the bytes counted by written() pass
+// limit; written is called per connection, so one counter for all or
+// one each. dials counts the connections made.
+func cutDialer(limit int64, written func() *atomic.Int64, cut *atomic.Bool, dials *atomic.Int32, serverCut func(net.Conn)) oncrpc.TCPOptions {
+	return oncrpc.TCPOptions{
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var d net.Dialer
+			nc, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			dials.Add(1)
+			return &cuttingConn{Conn: nc, written: written(), limit: limit, cut: cut, serverCut: serverCut}, nil
+		},
+	}
+}
+
 type cuttingConn struct {
 	net.Conn
 	written   *atomic.Int64
@@ -534,17 +552,7 @@ func writeThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
 	var written atomic.Int64
 	var cut atomic.Bool
 	var dials atomic.Int32
-	topts := oncrpc.TCPOptions{
-		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var d net.Dialer
-			nc, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			dials.Add(1)
-			return &cuttingConn{Conn: nc, written: &written, limit: 3 << 20, cut: &cut, serverCut: serverCut}, nil
-		},
-	}
+	topts := cutDialer(3<<20, func() *atomic.Int64 { return &written }, &cut, &dials, serverCut)
 	var retrans atomic.Int32
 	ctx := testCtx(t)
 	c, err := Dial(ctx, Config{Transport: p.transport(topts), Tracer: testTracer(), Export: p.export,

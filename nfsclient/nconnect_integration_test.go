@@ -67,18 +67,8 @@ func TestNconnectWriteThroughCut(t *testing.T) {
 func nconnectThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
 	var cut atomic.Bool
 	var dials atomic.Int32
-	topts := oncrpc.TCPOptions{
-		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var d net.Dialer
-			nc, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			dials.Add(1)
-			// Each socket counts its own bytes; one cut in all.
-			return &cuttingConn{Conn: nc, written: new(atomic.Int64), limit: 1 << 20, cut: &cut, serverCut: serverCut}, nil
-		},
-	}
+	// Each socket counts its own bytes; one cut in all.
+	topts := cutDialer(1<<20, func() *atomic.Int64 { return new(atomic.Int64) }, &cut, &dials, serverCut)
 	p.nconnect = 4
 	mt, ok := p.transport(topts).(*oncrpc.MultiTransport)
 	if !ok {

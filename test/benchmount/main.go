@@ -398,20 +398,11 @@ func main() {
 // of it (with relay), or with rpcs counts COMPOUNDs per entry, or with
 // uring compares FUSE-over-io_uring with /dev/fuse (uring.go).
 func benchGanesha(abs, exportOn string, size, rounds int, floor, relay, rpcs, uring bool, match *regexp.Regexp) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	dir, err := exportDir(exportOn, size)
+	g, stop, err := startGanesha(exportOn, size)
 	if err != nil {
 		return err
 	}
-	if dir != "" {
-		defer os.RemoveAll(dir)
-	}
-	g, err := testpeer.StartGaneshaWith(ctx, testpeer.GaneshaOptions{ExportDir: dir})
-	if err != nil {
-		return fmt.Errorf("start ganesha: %w", err)
-	}
-	defer g.Stop()
+	defer stop()
 	if rpcs {
 		steps, err := measureRPCs(abs, "127.0.0.1:"+g.Export, g.Dir, "port="+port(g.Addr))
 		if err != nil {
@@ -432,6 +423,31 @@ func benchGanesha(abs, exportOn string, size, rounds int, floor, relay, rpcs, ur
 		return benchGaneshaRelay(abs, g.Addr, "127.0.0.1:"+g.Export, exportOn, size, rounds, match)
 	}
 	return nil
+}
+
+// startGanesha starts ganesha on an export directory with room for
+// files of sizeMiB (exportDir) and returns it and what stops it and
+// removes the directory.
+func startGanesha(exportOn string, sizeMiB int) (*testpeer.Ganesha, func(), error) {
+	dir, err := exportDir(exportOn, sizeMiB)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	g, err := testpeer.StartGaneshaWith(ctx, testpeer.GaneshaOptions{ExportDir: dir})
+	if err != nil {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
+		return nil, nil, fmt.Errorf("start ganesha: %w", err)
+	}
+	return g, func() {
+		g.Stop()
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
+	}, nil
 }
 
 // benchFloor compares rdmafs on ganesha with the go-fuse loopback of the

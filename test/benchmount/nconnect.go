@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"time"
-
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 )
 
 // The nconnect comparison (-nconnect): rdmafs with nconnect=1, 2 and 4
@@ -34,21 +30,12 @@ func nconnectJobs(sizeMiB int) []job {
 // benchNconnect runs the nconnect comparison with a file of size MiB in
 // all (a quarter per job), rounds times.
 func benchNconnect(abs, exportOn string, size, rounds int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
 	// Six files of size MiB; exportDir asks for room for five times its size.
-	dir, err := exportDir(exportOn, (2*len(nconnects)*size+4)/5)
+	g, stop, err := startGanesha(exportOn, (2*len(nconnects)*size+4)/5)
 	if err != nil {
 		return err
 	}
-	if dir != "" {
-		defer os.RemoveAll(dir)
-	}
-	g, err := testpeer.StartGaneshaWith(ctx, testpeer.GaneshaOptions{ExportDir: dir})
-	if err != nil {
-		return fmt.Errorf("start ganesha: %w", err)
-	}
-	defer g.Stop()
+	defer stop()
 	relay, err := startRelayProcess("rdma", g.Addr)
 	if err != nil {
 		return err

@@ -54,19 +54,15 @@ func runCreates(s side, j job) (sample, error) {
 // (-o uring) with the same over /dev/fuse (nouring) and with the go-fuse
 // loopback of the same directory (the floor, itself on /dev/fuse).
 func benchURing(abs string, g *testpeer.Ganesha, exportOn string, size, rounds int, match *regexp.Regexp) error {
-	var vs []variant
-	for _, m := range []struct{ name, opt string }{{"io_uring", "uring"}, {"devfuse", "nouring"}} {
-		dir, umount, err := mountRdmafs(abs, "127.0.0.1:"+g.Export, "port="+port(g.Addr), m.opt)
-		if err != nil {
-			return err
-		}
-		defer umount()
-		pid, err := servingPID(abs, dir)
-		if err != nil {
-			return err
-		}
-		vs = append(vs, variant{name: m.name, side: side{dir, pid}})
+	opts := "port=" + port(g.Addr)
+	vs, umount, err := mountVariants(abs, "127.0.0.1:"+g.Export, []mount{
+		{name: "io_uring", sub: "bench-uring", opts: []string{opts, "uring"}},
+		{name: "devfuse", sub: "bench-devfuse", opts: []string{opts, "nouring"}},
+	})
+	if err != nil {
+		return err
 	}
+	defer umount()
 	loopDir, umountLoop, err := mountLoopback(g.Dir)
 	if err != nil {
 		return err
