@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/fuse"
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // TestKnfsdDelegationTwoMounts mounts knfsd twice (two client IDs). A

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/fuse"
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // TestSetattrAfterFailedWrite has the buffered write that goes out in a

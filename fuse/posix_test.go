@@ -17,11 +17,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/fuse"
-	"github.com/rdmafs/rdmafs/internal/testpeer"
-	"github.com/rdmafs/rdmafs/internal/testpeer/v2relay"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/test/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer/v2relay"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/fuse"
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // opCounts is the COMPOUNDs a mount sent, by main operation.

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // TestCloseEndsRenewal closes a client while its lease renewal waits on a

@@ -18,11 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/soak"
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/test/soak"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 

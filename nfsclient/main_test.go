@@ -3,7 +3,7 @@ package nfsclient
 import (
 	"testing"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 func TestMain(m *testing.M) { testpeer.Main(m) }

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // multiTransport makes p.nconnect connections to p (2 to 16), spread by

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // writeAt writes data at off with FILE_SYNC, in WSize pieces.

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // BenchmarkRatioReadPlusRead reads a 16 MiB file with READ and with

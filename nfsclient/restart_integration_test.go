@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // Server restart recovery (RFC 8881 s8.4.2): the server restarts while a

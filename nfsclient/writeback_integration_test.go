@@ -5,8 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // TestBackgroundCommit writes a file in 1 MiB pieces with CommitEvery

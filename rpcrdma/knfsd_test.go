@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
 	"os"
 )

@@ -1,5 +1,5 @@
 #!/bin/bash
-# make soak: the data-verification soak (internal/soak, run by
+# make soak: the data-verification soak (test/soak, run by
 # cmd/rdmafs's TestSoak) against the test servers, each through two rdmafs
 # mounts, for DURATION per peer. Settings (environment):
 #   DURATION=30m      how long each peer runs

@@ -1,6 +1,6 @@
 #!/bin/bash
 # make xfstests: run xfstests (fstests) against an rdmafs mount, with the
-# server started here by the test harness (internal/testpeer, through
+# server started here by the test harness (test/testpeer, through
 # test/peer) and stopped at the end.
 #
 #   XFSTESTS_DIR=/path/to/xfstests scripts/xfstests.sh generic/091

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/soak"
-	"github.com/rdmafs/rdmafs/internal/testpeer"
-	"github.com/rdmafs/rdmafs/internal/testpeer/v2relay"
+	"github.com/rdmafs/rdmafs/test/soak"
+	"github.com/rdmafs/rdmafs/test/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer/v2relay"
 )
 
 func TestMain(m *testing.M) {

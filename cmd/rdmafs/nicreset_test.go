@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // TestServerNICReset: the knfsd guest's network device is reset under

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // TestSIGTERMServerGone checks that SIGTERM ends the serving process

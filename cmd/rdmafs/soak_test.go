@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/soak"
+	"github.com/rdmafs/rdmafs/test/soak"
 )
 
 // soakSettings are TestSoak's knobs, from the environment (make soak,
@@ -97,7 +97,7 @@ func restartServer(ctx context.Context, p peer, cmdline string) (string, error) 
 	return string(out), err
 }
 
-// TestSoak runs the data-verification workload (internal/soak: random
+// TestSoak runs the data-verification workload (test/soak: random
 // writes, reads, truncates, extends, mmap reads and writes, by two
 // processes over four files each, every read checked against a model)
 // against each server and transport, through two mounts of the export:

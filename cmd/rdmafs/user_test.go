@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // testUID is the ordinary user the non-root tests run as.

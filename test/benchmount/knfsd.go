@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // variant is one way of mounting a server: its name in the table and the

@@ -51,7 +51,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // job is one fio workload, or with cp set a cp(1) of a file into or out

@@ -7,7 +7,7 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // uringJobs are jobs plus what issue 23 asks of the FUSE hop: 4 KiB

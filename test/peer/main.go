@@ -1,5 +1,5 @@
 // Command peer starts one of the test servers the way the integration
-// tests do (internal/testpeer: free loopback ports, a private run
+// tests do (test/testpeer: free loopback ports, a private run
 // directory, ready once it answers an RPC NULL call) and keeps it up for a
 // script: scripts/xfstests.sh runs it in the background, reads the
 // server's addresses from its standard output and ends it by closing its
@@ -36,7 +36,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 func main() {

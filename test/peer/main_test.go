@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // TestGaneshaUpUntilStdinCloses runs peer as scripts/xfstests.sh does:

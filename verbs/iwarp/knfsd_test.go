@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/testpeer"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 	"github.com/rdmafs/rdmafs/verbs"
 )
 

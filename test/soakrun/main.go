@@ -1,10 +1,10 @@
 // Command soak runs rdmafs's data-verification workload (package
-// internal/soak) in directories of mounted file systems: random writes,
+// test/soak) in directories of mounted file systems: random writes,
 // reads, truncates and mmap accesses by several processes, each read
 // checked against a model of the file. It exits 1 on a mismatch or error.
 //
-//	go run ./test/soak -dir /mnt/nfs/soak -duration 10m
-//	go run ./test/soak -dir /mnt/a/soak,/mnt/b/soak -procs 2   # handoffs across two mounts
+//	go run ./test/soakrun -dir /mnt/nfs/soak -duration 10m
+//	go run ./test/soakrun -dir /mnt/a/soak,/mnt/b/soak -procs 2   # handoffs across two mounts
 //
 // make soak runs it (through cmd/rdmafs's TestSoak) against the test
 // servers; this command is for any mount.
@@ -20,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/soak"
+	"github.com/rdmafs/rdmafs/test/soak"
 )
 
 func main() {
