@@ -69,9 +69,13 @@ a server that does not answer (buffered data is then lost, and the
 process says so); the write-back after an unmount gives up by itself
 after a minute.
 
-Its fast transport is RPC-over-RDMA (RFC 8166, and the draft version 2),
-through a pure-Go iWARP provider that needs no RDMA hardware; plain TCP
-is the fallback.
+Its fast transport is RPC-over-RDMA (RFC 8166, and the draft version 2);
+plain TCP is the fallback. Two verbs providers carry it, chosen per mount
+with -o rdmadev: rdma-core (libibverbs and librdmacm) on an RDMA device
+(mlx5_0, rxe0, siw0; the default where /sys/class/infiniband lists a
+device, taking the first with an active port), and iwarp-go, a pure-Go
+iWARP provider over TCP that needs no RDMA hardware (the default
+otherwise).
 
 EXAMPLES:
    rdmafs mount server:/export /mnt       # background; returns when mounted

@@ -31,9 +31,9 @@ func mountFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "foreground", Aliases: []string{"f"}, Usage: "stay in the foreground and serve the mount from this process", DefaultText: "off: return once mounted, a background process serves"},
 		&cli.StringFlag{Name: "v", Usage: "trace `CATEGORIES` (comma separated: rpc, nfs, fuse, rdma, mr, verbs, or all), one line per event, to stderr or --log", DefaultText: "none"},
 		&cli.StringFlag{Name: "log", Usage: "write traces and errors to `FILE` (appended) instead of stderr", DefaultText: "stderr"},
-		&cli.StringFlag{Name: "proto", Usage: "transport `PROTO`: tcp, or rdma (RPC-over-RDMA)", DefaultText: "tcp"},
+		&cli.StringFlag{Name: "proto", Usage: "transport `PROTO`: tcp, or rdma (RPC-over-RDMA over the verbs provider -o rdmadev picks: rdma-core on an RDMA device, else pure-Go iwarp-go)", DefaultText: "tcp"},
 		&cli.IntFlag{Name: "port", Usage: "server `PORT`; also server:PORT:/export", DefaultText: "2049 for tcp, 20049 for rdma"},
-		&cli.StringFlag{Name: "vers", Usage: "NFS `VERSION`; only 4.1 is spoken, anything else is an error", DefaultText: "4.1"},
+		&cli.StringFlag{Name: "vers", Usage: "NFS `VERSION`: 4 (4.2, or 4.1 if the server lacks it), 4.1 or 4.2; anything else is an error", DefaultText: "4"},
 		&cli.IntFlag{Name: "rsize", Usage: "largest READ in `BYTES` (4096 to 16777216), lowered to the session's limit", DefaultText: "1048576"},
 		&cli.IntFlag{Name: "wsize", Usage: "largest WRITE in `BYTES` (4096 to 16777216), lowered to the session's limit", DefaultText: "1048576"},
 		&cli.IntFlag{Name: "timeo", Usage: "RPC timeout in tenths of a second (`N`); the first contact fails within timeo x (retrans+1), even when hard", DefaultText: "600"},
@@ -57,11 +57,11 @@ func mountFlags() []cli.Flag {
 func mountCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "mount",
-		Usage:     "mount an NFSv4.1 export through FUSE",
+		Usage:     "mount an NFSv4.1 or NFSv4.2 export through FUSE",
 		ArgsUsage: "server[:port]:/export /mountpoint",
 		UsageText: `rdmafs mount [options] server[:port]:/export /mountpoint
    mount.rdmafs server:/export /mountpoint -o options     (mount(8) helper)`,
-		Description: `Mounts the NFSv4.1 export on the mountpoint. Without --foreground the
+		Description: `Mounts the NFSv4 export on the mountpoint. Without --foreground the
 command returns once the mount is live (or prints, in one line, why it
 failed) and a background process serves the mount until it is unmounted
 (rdmafs umount, umount or fusermount3 -u). The first contact with the
