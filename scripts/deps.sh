@@ -17,6 +17,7 @@ PKGS=(
   util-linux   # flock; setpriv and unshare (tests as an ordinary user, without /dev/fuse)
   fio          # make bench-mount
   mount coreutils   # mount, mknod, cut in those tests' namespace scripts
+  groff-base   # groff: cmd/rdmafs checks that the man page renders without warnings
 )
 
 say() { echo "deps: $*"; }
@@ -43,7 +44,7 @@ fi
 
 # The commands the tests run (they fail, not skip, when one is missing):
 # check that the packages above really provided them.
-TOOLS=(fusermount3 setpriv unshare flock mount mknod cut ganesha.nfsd qemu-system-x86_64 busybox python3 fio)
+TOOLS=(fusermount3 setpriv unshare flock mount mknod cut ganesha.nfsd qemu-system-x86_64 busybox python3 fio groff)
 absent=()
 for c in "${TOOLS[@]}"; do
   command -v "$c" >/dev/null || [ -x "/usr/sbin/$c" ] || [ -x "/sbin/$c" ] || absent+=("$c")

@@ -29,6 +29,7 @@ func main() {
 	}
 	args = reorderMountArgs(args)
 	app := newApp()
+	app.Commands = append(app.Commands, manCommand()) // hidden: make man
 	app.Metadata = map[string]any{"args": args}
 	err := app.Run(args)
 	os.Exit(report(err))
