@@ -78,7 +78,7 @@ HELPER_TEXT='#!/bin/bash
 exec -a mount.fuse.rdmafs "${RDMAFS_BIN:-rdmafs}" "$@"'
 missing=()
 if [ -e "$HELPER" ] && ! grep -qs 'installed by rdmafs scripts/xfstests.sh' "$HELPER"; then
-	# Someone's own helper, e.g. the README's symlink to rdmafs: fine if
+	# Someone's own helper, e.g. make install's symlink to rdmafs: fine if
 	# it is the binary asked for.
 	[ "$(readlink -f "$HELPER")" = "$RDMAFS_BIN" ] ||
 		die "$HELPER is not ours and not RDMAFS_BIN=$RDMAFS_BIN: move it away (ours runs \$RDMAFS_BIN)"
