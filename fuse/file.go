@@ -30,7 +30,7 @@ type file struct {
 	access uint32
 
 	mu     sync.Mutex
-	w      *nfsclient.UnstableWriter
+	w      UnstableWriter
 	wb     writeBuffer // coalesced writes not yet handed to w
 	bufOff uint64
 	dirty  bool  // written since the last COMMIT
