@@ -76,11 +76,24 @@ func (c *ownerCache) id(name string, group bool) uint32 {
 // strings directly (RFC 8881 s5.9 allows them with AUTH_SYS), "name@domain"
 // through the local user and group database (cached).
 func mapOwner(s string, group bool) uint32 {
-	if v, err := strconv.ParseUint(s, 10, 32); err == nil {
-		return uint32(v)
+	if isDigits(s) {
+		if v, err := strconv.ParseUint(s, 10, 32); err == nil {
+			return uint32(v)
+		}
 	}
 	name, _, _ := strings.Cut(s, "@")
 	return owners.id(name, group)
+}
+
+// isDigits reports whether s is a decimal number: a name is not tried
+// with ParseUint, whose error allocates.
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // lookupUserDB looks name up in the user or group database; nobody if it
