@@ -7,10 +7,12 @@
 // attributes READDIR returned.
 //
 // Over RPC-over-RDMA (Options.Buffers) file data lives in the transport's
-// registered memory: a READ's data is placed there by the server and
+// registered memory: a READ's data is placed there by the server (when
+// too large to come inline; inline data is copied there once) and
 // handed to the kernel from there (a go-fuse ReadResult released in
 // Done), and a WRITE's data is copied there once from go-fuse's request
-// buffer, coalesced, and read from there by the server.
+// buffer, coalesced, and read from there by the server (a WRITE small
+// enough to go inline is copied into the send buffer instead).
 //
 //	c, _ := nfsclient.Dial(ctx, nfsclient.Config{Transport: tr, Export: "/export"})
 //	m, err := fuse.Serve(ctx, fuse.NFSClient(c), "/mnt", fuse.Options{FSName: "server:/export"})
@@ -69,8 +71,9 @@ type Options struct {
 	// close and fsync.
 	CommitEvery int
 	// Buffers, if set, is the transport's registered memory: READ
-	// replies and write-back buffers are drawn from it so the data is
-	// not copied on its way to or from the wire.
+	// destinations and write-back buffers are drawn from it so that the
+	// transport moves the data by RDMA from and to where it is, without
+	// a copy of its own (file.go Read and Write say which copies remain).
 	Buffers BufferPool
 	// Tracer receives FUSE trace events; nil traces nothing.
 	Tracer *trace.Tracer
