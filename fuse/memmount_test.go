@@ -171,9 +171,9 @@ func TestMemEntryCache(t *testing.T) {
 }
 
 // TestMemWriteBack: small sequential writes are coalesced into wsize
-// UNSTABLE WRITEs, and fsync sends one COMMIT; close after it sends
-// nothing more for the data. A small file goes out at close as one
-// FILE_SYNC WRITE, without COMMIT.
+// UNSTABLE WRITEs, and fsync, or close, sends one COMMIT; close after
+// fsync sends nothing more for the data. A small file goes out at close
+// as one FILE_SYNC WRITE, without COMMIT.
 func TestMemWriteBack(t *testing.T) {
 	mnt, c := mountMem(t, fuse.Options{})
 	t.Run("fsync", func(t *testing.T) {
@@ -215,6 +215,30 @@ func TestMemWriteBack(t *testing.T) {
 		}
 	})
 	t.Run("close", func(t *testing.T) {
+		f, err := os.Create(filepath.Join(mnt, "big-closed"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := c.ops()
+		buf := make([]byte, 8<<10)
+		const total = 512 << 10
+		for range total / len(buf) {
+			if _, err := f.Write(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		waitClosed(t, c)
+		if sent, n := opsSince(c.ops(), before), total/c.wsize; sent["WRITE"] != n || sent["COMMIT"] != 1 {
+			t.Errorf("writes of %d bytes and close sent %v, want %d WRITEs and one COMMIT", total, sent, n)
+		}
+		if got := len(c.data("big-closed")); got != total {
+			t.Errorf("server has %d bytes, want %d", got, total)
+		}
+	})
+	t.Run("close small", func(t *testing.T) {
 		before := c.ops()
 		if err := os.WriteFile(filepath.Join(mnt, "small"), []byte("hello"), 0o644); err != nil {
 			t.Fatal(err)
