@@ -3,10 +3,10 @@ package fuse_test
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"sort"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/rdmafs/rdmafs/fuse"
@@ -186,12 +186,13 @@ func (c *memClient) pathLocked(p string) (*memObj, *memObj, string, error) {
 
 // setData replaces the content of the file at p, creating it, as another
 // client would: the mount's caches do not see it.
-func (c *memClient) setData(p string, data []byte) {
+func (c *memClient) setData(t testing.TB, p string, data []byte) {
+	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	dir, o, name, err := c.pathLocked(p)
 	if err != nil {
-		panic(err)
+		t.Fatalf("set data of %s: %v", p, err)
 	}
 	if o == nil {
 		var id uint64
@@ -204,12 +205,13 @@ func (c *memClient) setData(p string, data []byte) {
 }
 
 // remove removes p as another client would.
-func (c *memClient) remove(p string) {
+func (c *memClient) remove(t testing.TB, p string) {
+	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	dir, o, name, err := c.pathLocked(p)
 	if err != nil || o == nil {
-		panic(fmt.Sprintf("remove %s: no such file", p))
+		t.Fatalf("remove %s: no such file", p)
 	}
 	delete(dir.children, name)
 	c.touchLocked(dir)

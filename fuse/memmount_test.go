@@ -87,14 +87,14 @@ func TestMemAttrCache(t *testing.T) {
 	const ac = 2 * time.Second
 	t.Run("acregmin", func(t *testing.T) {
 		mnt, c := mountMem(t, fuse.Options{AcRegMin: ac, AcRegMax: ac, AcDirMin: ac, AcDirMax: ac})
-		c.setData("f", []byte("abc"))
+		c.setData(t, "f", []byte("abc"))
 		name := filepath.Join(mnt, "f")
 		if got := size(t, name); got != 3 {
 			t.Fatalf("size %d, want 3", got)
 		}
 		cached := time.Now()
 		before := c.ops()
-		c.setData("f", make([]byte, 10))
+		c.setData(t, "f", make([]byte, 10))
 		got := size(t, name)
 		sent := opsSince(c.ops(), before)
 		if time.Since(cached) < ac {
@@ -115,12 +115,12 @@ func TestMemAttrCache(t *testing.T) {
 	})
 	t.Run("noac", func(t *testing.T) {
 		mnt, c := mountMem(t, fuse.Options{NoAC: true})
-		c.setData("f", []byte("abc"))
+		c.setData(t, "f", []byte("abc"))
 		name := filepath.Join(mnt, "f")
 		if got := size(t, name); got != 3 {
 			t.Fatalf("size %d, want 3", got)
 		}
-		c.setData("f", make([]byte, 10))
+		c.setData(t, "f", make([]byte, 10))
 		if got := size(t, name); got != 10 {
 			t.Errorf("noac: size %d, want the server's 10 at once", got)
 		}
@@ -136,14 +136,14 @@ func TestMemEntryCache(t *testing.T) {
 	const ac = 2 * time.Second
 	mnt, c := mountMem(t, fuse.Options{AcRegMin: ac, AcRegMax: ac, AcDirMin: ac, AcDirMax: ac})
 	t.Run("positive", func(t *testing.T) {
-		c.setData("gone", []byte("x"))
+		c.setData(t, "gone", []byte("x"))
 		name := filepath.Join(mnt, "gone")
 		if _, err := os.Stat(name); err != nil {
 			t.Fatal(err)
 		}
 		cached := time.Now()
 		before := c.ops()
-		c.remove("gone")
+		c.remove(t, "gone")
 		_, err := os.Stat(name)
 		sent := opsSince(c.ops(), before)
 		if time.Since(cached) < ac && (err != nil || sent["LOOKUP"] != 0) {
@@ -160,7 +160,7 @@ func TestMemEntryCache(t *testing.T) {
 		if _, err := os.Stat(name); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("stat before the file exists: %v", err)
 		}
-		c.setData("later", []byte("x"))
+		c.setData(t, "later", []byte("x"))
 		if _, err := os.Stat(name); err != nil {
 			t.Errorf("stat at once after another client created it: %v", err)
 		}
@@ -388,7 +388,7 @@ func TestMemWriteErrorSurfaces(t *testing.T) {
 // process held.
 func TestMemLocks(t *testing.T) {
 	mnt, c := mountMem(t, fuse.Options{})
-	c.setData("locked", []byte("data"))
+	c.setData(t, "locked", []byte("data"))
 	f, err := os.OpenFile(filepath.Join(mnt, "locked"), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
