@@ -115,7 +115,7 @@ func serveAt(t *testing.T, p peer, dir string, opts fuse.Options) *fuse.Mount {
 		t.Fatalf("%s: dial: %v", p.name, err)
 	}
 	opts.FSName = p.addr + ":" + p.export
-	m, err := fuse.Serve(ctx, c, dir, opts)
+	m, err := fuse.Serve(ctx, fuse.NFSClient(c), dir, opts)
 	if err != nil {
 		c.Close(ctx)
 		t.Fatalf("%s: mount: %v", p.name, err)

@@ -30,7 +30,7 @@ type file struct {
 	access uint32
 
 	mu     sync.Mutex
-	w      *nfsclient.UnstableWriter
+	w      UnstableWriter
 	wb     writeBuffer // coalesced writes not yet handed to w
 	bufOff uint64
 	dirty  bool  // written since the last COMMIT
@@ -177,10 +177,14 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	return ino, h, fl, 0
 }
 
-// Read sends READs. With a transport buffer pool (RDMA) the data lands
-// in pool memory by RDMA Write and goes to the kernel from there: no copy
-// in user space. Otherwise it goes to the kernel's buffer, copied once
-// from the reply.
+// Read sends READs. With a transport buffer pool (RDMA), data too large
+// to come inline lands in pool memory by RDMA Write and goes to the
+// kernel from there, with no copy in user space; data that came inline
+// is copied once, from the receive buffer into the pool memory (RFC 8166
+// s3.4.6: the requester decides on a Write chunk; rpcrdma offers one
+// only when the reply would not fit inline). Without a pool, a READ of
+// at most rsize goes to the kernel from the reply's buffer (readInPlace),
+// a larger one is copied once from the replies into the kernel's buffer.
 func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
 	if errno := h.n.flushWriters(ctx); errno != 0 {
 		return nil, errno

@@ -1,18 +1,21 @@
 // Package fuse serves an NFSv4.1 export as a FUSE file system: it turns
 // the kernel's FUSE requests (through go-fuse v2's fs package) into
-// nfsclient calls, keeps the attribute and entry caches with nfs(5)'s
-// ac* timeouts, maps FUSE opens to NFSv4.1 OPEN state, buffers writes into
-// UNSTABLE WRITEs committed on flush and fsync, and answers READDIRPLUS
-// from the attributes READDIR returned.
+// calls on a Client (client.go; nfsclient's through NFSClient), keeps
+// the attribute and entry caches with nfs(5)'s ac* timeouts, maps FUSE
+// opens to NFSv4.1 OPEN state, buffers writes into UNSTABLE WRITEs
+// committed on flush and fsync, and answers READDIRPLUS from the
+// attributes READDIR returned.
 //
 // Over RPC-over-RDMA (Options.Buffers) file data lives in the transport's
-// registered memory: a READ's data is placed there by the server and
+// registered memory: a READ's data is placed there by the server (when
+// too large to come inline; inline data is copied there once) and
 // handed to the kernel from there (a go-fuse ReadResult released in
 // Done), and a WRITE's data is copied there once from go-fuse's request
-// buffer, coalesced, and read from there by the server.
+// buffer, coalesced, and read from there by the server (a WRITE small
+// enough to go inline is copied into the send buffer instead).
 //
 //	c, _ := nfsclient.Dial(ctx, nfsclient.Config{Transport: tr, Export: "/export"})
-//	m, err := fuse.Serve(ctx, c, "/mnt", fuse.Options{FSName: "server:/export"})
+//	m, err := fuse.Serve(ctx, fuse.NFSClient(c), "/mnt", fuse.Options{FSName: "server:/export"})
 //	...
 //	m.Wait()              // until umount
 //	m.Shutdown(ctx)       // flush, CLOSE open state, DESTROY_SESSION
@@ -68,8 +71,9 @@ type Options struct {
 	// close and fsync.
 	CommitEvery int
 	// Buffers, if set, is the transport's registered memory: READ
-	// replies and write-back buffers are drawn from it so the data is
-	// not copied on its way to or from the wire.
+	// destinations and write-back buffers are drawn from it so that the
+	// transport moves the data by RDMA from and to where it is, without
+	// a copy of its own (file.go Read and Write say which copies remain).
 	Buffers BufferPool
 	// Tracer receives FUSE trace events; nil traces nothing.
 	Tracer *trace.Tracer
@@ -160,7 +164,7 @@ func (c *Counters) noteErrno(op string, err error, errno syscall.Errno) {
 
 // FS is the state shared by all nodes of one mount.
 type FS struct {
-	c    *nfsclient.Client
+	c    Client
 	opts Options
 	tr   *trace.Tracer
 
@@ -226,7 +230,8 @@ type Mount struct {
 
 // Serve mounts c's export on dir and starts serving it. It returns once
 // the kernel has the mount (a stat of dir already goes to the NFS server).
-func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (*Mount, error) {
+// c is usually NFSClient of an *nfsclient.Client.
+func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, error) {
 	opts.setDefaults()
 	f := &FS{
 		c:        c,
@@ -240,7 +245,9 @@ func Serve(ctx context.Context, c *nfsclient.Client, dir string, opts Options) (
 	f.closed = sync.NewCond(&f.mu)
 	f.heap.size = c.WSize()
 	c.SetRecallHandler(f.recall)
-	f.v42.init(c)
+	if v, ok := c.(v42Ops); ok {
+		f.v42.init(v)
+	}
 	f.bg, f.bgCancel = context.WithCancel(context.Background())
 	cred := c.Cred(0, 0, nil)
 	a, err := c.GetAttr(ctx, cred, c.RootFH())
@@ -455,8 +462,14 @@ func (m *Mount) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Client returns the NFS client behind the mount.
-func (f *FS) Client() *nfsclient.Client { return f.c }
+// Client returns the NFS client behind the mount, for its statistics;
+// nil when the mount serves a Client that is not NFSClient's.
+func (f *FS) Client() *nfsclient.Client {
+	if c, ok := f.c.(nfsClient); ok {
+		return c.Client
+	}
+	return nil
+}
 
 func (f *FS) trace(format string, args ...any) {
 	if f.tr.On(trace.FUSE) {

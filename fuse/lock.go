@@ -44,13 +44,13 @@ type lockKey struct {
 }
 
 type ownerLock struct {
-	l *nfsclient.Locker
+	l Locker
 	h *file // the open file the lock-owner belongs to
 }
 
 // locker returns the lock-owner of owner on h's file, made on h if the
 // owner has none yet.
-func (h *file) locker(owner uint64) (*nfsclient.Locker, *file) {
+func (h *file) locker(owner uint64) (Locker, *file) {
 	t := &h.n.fsys.locks
 	k := lockKey{h.n.StableAttr().Ino, owner}
 	t.mu.Lock()
@@ -70,7 +70,7 @@ func (h *file) locker(owner uint64) (*nfsclient.Locker, *file) {
 }
 
 // lookup returns the lock-owner of owner on h's file, or nil.
-func (h *file) lookupLocker(owner uint64) (*nfsclient.Locker, *file) {
+func (h *file) lookupLocker(owner uint64) (Locker, *file) {
 	t := &h.n.fsys.locks
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -123,7 +123,7 @@ func (h *file) Getlk(ctx context.Context, owner uint64, lk *gofuse.FileLock, fla
 	}
 	off, length := nfsRange(lk)
 	l, lh := h.locker(owner)
-	dn, err := h.n.fsys.c.TestLock(ctx, lh.cred, l, typ, off, length)
+	dn, err := l.TestLock(ctx, lh.cred, typ, off, length)
 	if err != nil {
 		return h.n.errno("LOCKT", err)
 	}
@@ -156,7 +156,6 @@ func (h *file) Setlkw(ctx context.Context, owner uint64, lk *gofuse.FileLock, fl
 }
 
 func (h *file) setlk(ctx context.Context, owner uint64, lk *gofuse.FileLock, flags uint32, wait bool) syscall.Errno {
-	c := h.n.fsys.c
 	// The owner's LOCKs go under the open it first locked through (lh).
 	l, lh := h.locker(owner)
 	off, length := nfsRange(lk)
@@ -169,7 +168,7 @@ func (h *file) setlk(ctx context.Context, owner uint64, lk *gofuse.FileLock, fla
 		if errno := h.n.flushWriters(opCtx); errno != 0 {
 			return errno
 		}
-		if err := c.Unlock(opCtx, lh.cred, l, off, length); err != nil {
+		if err := l.Unlock(opCtx, lh.cred, off, length); err != nil {
 			return h.n.errno("LOCKU", err)
 		}
 		h.traceLock("UNLOCK", owner, lk, flags, "ok")
@@ -181,9 +180,9 @@ func (h *file) setlk(ctx context.Context, owner uint64, lk *gofuse.FileLock, fla
 	}
 	var err error
 	if wait {
-		err = c.LockWait(ctx, opCtx, lh.cred, l, typ, off, length)
+		err = l.LockWait(ctx, opCtx, lh.cred, typ, off, length)
 	} else {
-		_, err = c.Lock(opCtx, lh.cred, l, typ, off, length)
+		err = l.Lock(opCtx, lh.cred, typ, off, length)
 	}
 	switch {
 	case err == nil:
@@ -210,7 +209,7 @@ func (h *file) releaseOwner(ctx context.Context, owner uint64) syscall.Errno {
 	if l == nil || !l.Held() {
 		return 0
 	}
-	if err := h.n.fsys.c.Unlock(ctx, lh.cred, l, 0, nfsclient.LengthToEOF); err != nil {
+	if err := l.Unlock(ctx, lh.cred, 0, nfsclient.LengthToEOF); err != nil {
 		return h.n.errno("LOCKU", err)
 	}
 	h.traceLock("RELEASE-OWNER", owner, &gofuse.FileLock{End: offsetMax}, 0, "ok")
@@ -246,7 +245,7 @@ func (h *file) holdsLocks() bool {
 func (h *file) releaseLocks(ctx context.Context) {
 	t := &h.n.fsys.locks
 	t.mu.Lock()
-	var mine []*nfsclient.Locker
+	var mine []Locker
 	for k, ol := range t.owners {
 		if ol.h == h {
 			mine = append(mine, ol.l)
@@ -256,7 +255,7 @@ func (h *file) releaseLocks(ctx context.Context) {
 	t.mu.Unlock()
 	for _, l := range mine {
 		if l.Held() {
-			if err := h.n.fsys.c.Unlock(ctx, h.cred, l, 0, nfsclient.LengthToEOF); err != nil {
+			if err := l.Unlock(ctx, h.cred, 0, nfsclient.LengthToEOF); err != nil {
 				h.n.errno("LOCKU", err)
 			}
 		}

@@ -89,7 +89,7 @@ func mountPeer(t *testing.T, p peer, opts fuse.Options) (string, *fuse.Mount) {
 		// make test's second pass: every mount over io_uring.
 		opts.URing = fuse.URingOn
 	}
-	m, err := fuse.Serve(ctx, c, dir, opts)
+	m, err := fuse.Serve(ctx, fuse.NFSClient(c), dir, opts)
 	if err != nil {
 		c.Close(ctx)
 		t.Fatalf("%s: mount: %v", p.name, err)

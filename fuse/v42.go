@@ -17,7 +17,8 @@ import (
 
 // v42Ops are the NFSv4.2 operations the mount uses (RFC 7862 ALLOCATE,
 // DEALLOCATE, SEEK, COPY, CLONE; RFC 8276 extended attributes), declared
-// here by their one user; *nfsclient.Client provides them. On an
+// here by their one user; *nfsclient.Client provides them, and Serve
+// takes them from a Client that has them (NFSClient's). On an
 // NFSv4.1 session the mount does as before (fallocate and xattrs:
 // EOPNOTSUPP; copy_file_range: the kernel's READ and WRITE;
 // SEEK_DATA/SEEK_HOLE: the kernel's own answer, all data up to the size).

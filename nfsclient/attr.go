@@ -2,9 +2,7 @@ package nfsclient
 
 import (
 	"fmt"
-	"os/user"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/rdmafs/rdmafs/internal/xdr"
@@ -292,33 +290,6 @@ func decodeAttrVals(d *xdr.Decoder, mask Bitmap, a *Attr) {
 			d.SetErr(fmt.Errorf("attribute %d was not requested and cannot be decoded", n))
 		}
 	}
-}
-
-// nobody is the id an unmappable owner maps to.
-const nobody = 65534
-
-// mapOwner maps an owner or owner_group string to a number: numeric
-// strings directly (RFC 8881 s5.9 allows them with AUTH_SYS), "name@domain"
-// through the local user and group database.
-func mapOwner(s string, group bool) uint32 {
-	if v, err := strconv.ParseUint(s, 10, 32); err == nil {
-		return uint32(v)
-	}
-	name, _, _ := strings.Cut(s, "@")
-	if group {
-		if g, err := user.LookupGroup(name); err == nil {
-			if v, err := strconv.ParseUint(g.Gid, 10, 32); err == nil {
-				return uint32(v)
-			}
-		}
-		return nobody
-	}
-	if u, err := user.Lookup(name); err == nil {
-		if v, err := strconv.ParseUint(u.Uid, 10, 32); err == nil {
-			return uint32(v)
-		}
-	}
-	return nobody
 }
 
 // SetAttr lists the attributes a SETATTR (or a create) changes; nil

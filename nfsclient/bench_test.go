@@ -1,10 +1,12 @@
 package nfsclient
 
 import (
+	"context"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // BenchmarkReadCompound encodes SEQUENCE+PUTFH+READ(4 KiB) and decodes
@@ -44,6 +46,27 @@ func BenchmarkReadCompound(b *testing.B) {
 		}
 		if err := r.decodeAll(&cp); err != nil || out.n != 4096 {
 			b.Fatal(out.n, err)
+		}
+	}
+}
+
+// BenchmarkGaneshaGetAttr sends GETATTRs to ganesha over TCP: with
+// -benchmem, what one COMPOUND through Client.do allocates, the
+// transport's share included.
+func BenchmarkGaneshaGetAttr(b *testing.B) {
+	g := testpeer.RequireGanesha(b)
+	ctx := context.Background()
+	c, err := Dial(ctx, Config{Transport: oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{}), Export: g.Export})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close(ctx)
+	cred := c.Cred(0, 0, nil)
+	fh := c.RootFH()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.GetAttr(ctx, cred, fh); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

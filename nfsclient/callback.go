@@ -34,9 +34,12 @@ const (
 	cbSlots = 4
 )
 
-// callbackServer serves the NFSv4.1 callback program on the back channel:
-// CB_NULL, CB_COMPOUND with CB_SEQUENCE, CB_RECALL and CB_RECALL_ANY;
-// other operations get NFS4ERR_NOTSUPP (RFC 8881 s20).
+// callbackServer serves the NFSv4.1 callback program on the back channel
+// (RFC 8881 s20): CB_NULL, and CB_COMPOUND with CB_SEQUENCE, CB_RECALL
+// and CB_RECALL_ANY (delegations, deleg.go), CB_NOTIFY_LOCK (s20.11: a
+// blocked LOCK may retry, lock.go) and CB_OFFLOAD (RFC 7862 s16.1: an
+// asynchronous COPY ended, nfs42.go). The other callback operations get
+// NFS4ERR_NOTSUPP, unknown ones NFS4ERR_OP_ILLEGAL.
 type callbackServer struct {
 	c *Client
 

@@ -325,8 +325,14 @@ var compoundPool = sync.Pool{New: func() any { return new(compound) }}
 // ID or stale stateids; send (sequence.go) handles the session.
 func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*compound)) error {
 	cp := compoundPool.Get().(*compound)
-	defer compoundPool.Put(cp)
-	var r results
+	defer func() {
+		cp.res = results{} // no reply is kept alive in the pool
+		compoundPool.Put(cp)
+	}()
+	// The results decoder lives in the pooled compound: a local would
+	// move to the heap, as decodeAll hands it to each operation's
+	// decoder through an interface.
+	r := &cp.res
 	staleRetries := 0
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -334,7 +340,7 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 				return err
 			}
 		}
-		x, err := c.send(ctx, cred, cp, &r, build)
+		x, err := c.send(ctx, cred, cp, r, build)
 		if errors.Is(err, errRetry) {
 			continue
 		}
@@ -361,6 +367,9 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 // operation failed with err is sent again (after a recovery it runs),
 // or the error to return.
 func (c *Client) opRetry(ctx context.Context, cp *compound, x sent, err error, staleRetries *int) (bool, error) {
+	if err == nil {
+		return false, nil // before oe, which errors.As moves to the heap
+	}
 	var oe *OpError
 	if !errors.As(err, &oe) {
 		return false, err

@@ -97,14 +97,19 @@ type compound struct {
 	// open lost in a server restart).
 	err error
 
-	// Hot-path ops live in the compound, which is pooled, so that a
-	// READ or a GETATTR allocates nothing.
+	// Hot-path ops live in the compound, which is pooled, so that
+	// building a READ, WRITE or GETATTR COMPOUND and decoding its reply
+	// allocate nothing of their own (BenchmarkReadCompound). A call
+	// through Client.do still allocates: the transport's round trip
+	// (context, timer, record), a GETATTR's owner strings, the result
+	// variables its operations decode into (BenchmarkGaneshaGetAttr).
 	rd    readOp
 	wr    writeOp
 	attrs [4]getAttrOp
 	nattr int
 
-	rpcCall oncrpc.Call // returned by call, reused to keep the hot path allocation-free
+	rpcCall oncrpc.Call // returned by call, reused rather than allocated
+	res     results     // Client.do's reply decoder, reused likewise
 }
 
 func (c *compound) reset(rpc *oncrpc.Client, cred oncrpc.Credential, tag string) {

@@ -496,7 +496,7 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 	var m *fuse.Mount
 	fmMsg, err := withFusermountStderr(func() error {
 		var err error
-		m, err = fuse.Serve(ctx, c, o.Dir, fuse.Options{
+		m, err = fuse.Serve(ctx, fuse.NFSClient(c), o.Dir, fuse.Options{
 			FSName:     fsName,
 			AcRegMin:   o.AcRegMin,
 			AcRegMax:   o.AcRegMax,

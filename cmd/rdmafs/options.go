@@ -198,185 +198,264 @@ func (o *mountOptions) parseOptionList(list string) error {
 	return nil
 }
 
+// optionArg is one option as given: its name, and its value if it has
+// one ("rsize=65536"; "hard" has none).
+type optionArg struct {
+	opt    string // as given
+	name   string
+	val    string
+	hasVal bool
+}
+
+// num returns the value as a non-negative number.
+func (a optionArg) num() (int, error) {
+	if !a.hasVal {
+		return 0, fmt.Errorf("option %s needs a value (%s=N)", a.name, a.name)
+	}
+	v, err := strconv.Atoi(a.val)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("option %s=%s: not a non-negative number", a.name, a.val)
+	}
+	return v, nil
+}
+
+// secs sets d to the value, a number of seconds.
+func (a optionArg) secs(d *time.Duration) error {
+	v, err := a.num()
+	if err != nil {
+		return err
+	}
+	*d = time.Duration(v) * time.Second
+	return nil
+}
+
+// noVal refuses a value.
+func (a optionArg) noVal() error {
+	if a.hasVal {
+		return fmt.Errorf("option %s takes no value", a.name)
+	}
+	return nil
+}
+
+// mountOption is one nfs(5)-style option of the option table: the
+// names it goes by, its value and help for documentation, and how it
+// sets the options.
+type mountOption struct {
+	names []string
+	// arg is the value's form for documentation ("N", "tcp|rdma");
+	// empty for an option without a value.
+	arg  string
+	help string
+	set  func(o *mountOptions, a optionArg) error
+}
+
+// flagOption is the set function of an option without a value.
+func flagOption(set func(o *mountOptions, name string)) func(*mountOptions, optionArg) error {
+	return func(o *mountOptions, a optionArg) error {
+		if err := a.noVal(); err != nil {
+			return err
+		}
+		set(o, a.name)
+		return nil
+	}
+}
+
+// secsOption is the set function of an attribute cache time.
+func secsOption(field func(o *mountOptions) *time.Duration) func(*mountOptions, optionArg) error {
+	return func(o *mountOptions, a optionArg) error { return a.secs(field(o)) }
+}
+
+// mountOptionTable is rdmafs's own options and those of nfs(5) it
+// takes, in the order rdmafs mount --help lists them. mount(8)'s
+// file-system-independent options are vfsOptions; those accepted and
+// ignored are ignoredOptions.
+var mountOptionTable = []mountOption{
+	{names: []string{"proto"}, arg: "tcp|rdma", help: "transport: TCP or RPC-over-RDMA (default tcp)",
+		set: func(o *mountOptions, a optionArg) error {
+			switch a.val {
+			case "tcp", "rdma":
+				o.Proto = a.val
+				return nil
+			}
+			return fmt.Errorf("option proto=%s: want proto=tcp or proto=rdma", a.val)
+		}},
+	{names: []string{"port"}, arg: "N", help: "server port (default 2049, or 20049 with proto=rdma)",
+		set: func(o *mountOptions, a optionArg) error {
+			v, err := a.num()
+			if err != nil {
+				return err
+			}
+			if v > 65535 {
+				return fmt.Errorf("option port=%d: out of range", v)
+			}
+			o.Port = v
+			return nil
+		}},
+	{names: []string{"vers", "nfsvers"}, arg: "4|4.1|4.2", help: "NFS version: 4.2, or 4.1 if the server refuses it (default 4)",
+		set: func(o *mountOptions, a optionArg) error {
+			switch a.val {
+			case "4", "4.1", "4.2":
+				o.Vers = a.val
+				return nil
+			}
+			return fmt.Errorf("option %s=%s: rdmafs speaks NFS version 4.1 and 4.2 only (vers=4, 4.1 or 4.2)", a.name, a.val)
+		}},
+	{names: []string{"rsize", "wsize"}, arg: "N", help: "largest READ and WRITE, 4096 to 16777216 bytes (default 1048576)",
+		set: func(o *mountOptions, a optionArg) error {
+			v, err := a.num()
+			if err != nil {
+				return err
+			}
+			if v < 4096 || v > 16<<20 {
+				return fmt.Errorf("option %s=%d: want 4096 to 16777216 bytes", a.name, v)
+			}
+			if a.name == "rsize" {
+				o.RSize = v
+			} else {
+				o.WSize = v
+			}
+			return nil
+		}},
+	{names: []string{"timeo"}, arg: "N", help: "RPC timeout in tenths of a second (default 600)",
+		set: func(o *mountOptions, a optionArg) error {
+			v, err := a.num()
+			if err != nil {
+				return err
+			}
+			if v == 0 {
+				return fmt.Errorf("option timeo=0: want at least 1 (tenths of a second)")
+			}
+			o.Timeo = time.Duration(v) * 100 * time.Millisecond // deciseconds, as nfs(5)
+			return nil
+		}},
+	{names: []string{"retrans"}, arg: "N", help: "retransmissions before a soft mount fails a call (default 2)",
+		set: func(o *mountOptions, a optionArg) error {
+			v, err := a.num()
+			if err != nil {
+				return err
+			}
+			o.Retrans = v
+			return nil
+		}},
+	{names: []string{"hard", "soft"}, help: "retry forever (default) | fail with ETIMEDOUT after timeo x retrans",
+		set: flagOption(func(o *mountOptions, name string) { o.Hard = name == "hard" })},
+	{names: []string{"actimeo"}, arg: "N", help: "all attribute cache times, seconds; 0 = noac",
+		set: func(o *mountOptions, a optionArg) error {
+			var d time.Duration
+			if err := a.secs(&d); err != nil {
+				return err
+			}
+			o.AcRegMin, o.AcRegMax, o.AcDirMin, o.AcDirMax = d, d, d, d
+			o.NoAC = d == 0
+			return nil
+		}},
+	{names: []string{"acregmin"}, arg: "N", help: "minimum attribute cache time of files, seconds (default 3)",
+		set: secsOption(func(o *mountOptions) *time.Duration { return &o.AcRegMin })},
+	{names: []string{"acregmax"}, arg: "N", help: "maximum attribute cache time of files, seconds (default 60)",
+		set: secsOption(func(o *mountOptions) *time.Duration { return &o.AcRegMax })},
+	{names: []string{"acdirmin"}, arg: "N", help: "minimum attribute cache time of directories, seconds (default 30)",
+		set: secsOption(func(o *mountOptions) *time.Duration { return &o.AcDirMin })},
+	{names: []string{"acdirmax"}, arg: "N", help: "maximum attribute cache time of directories, seconds (default 60)",
+		set: secsOption(func(o *mountOptions) *time.Duration { return &o.AcDirMax })},
+	{names: []string{"noac"}, help: "attribute caching off",
+		set: flagOption(func(o *mountOptions, _ string) { o.NoAC = true })},
+	// ac has always ignored a value (ac=1 is ac).
+	{names: []string{"ac"}, help: "attribute caching on (default)",
+		set: func(o *mountOptions, _ optionArg) error { o.NoAC = false; return nil }},
+	{names: []string{"ro", "rw"}, help: "read-only | read-write (default rw)",
+		set: flagOption(func(o *mountOptions, name string) {
+			o.ReadOnly = name == "ro"
+			o.VFSGiven |= unix.MS_RDONLY
+			o.VFSFlags &^= unix.MS_RDONLY
+			if o.ReadOnly {
+				o.VFSFlags |= unix.MS_RDONLY
+			}
+		})},
+	{names: []string{"remount"}, help: "change the flags of a live mount instead of mounting",
+		set: flagOption(func(o *mountOptions, _ string) { o.Remount = true })},
+	{names: []string{"allow_other"}, help: "let other users use the mount (default off)",
+		set: flagOption(func(o *mountOptions, _ string) { o.AllowOther = true })},
+	{names: []string{"nconnect"}, arg: "N", help: "connections to the server, 1 to 16 (default 1), all bound to the one session",
+		set: func(o *mountOptions, a optionArg) error {
+			v, err := strconv.Atoi(a.val)
+			if !a.hasVal || err != nil || v < 1 || v > oncrpc.MaxConnections {
+				return fmt.Errorf("option nconnect=%s: want 1 to %d connections", a.val, oncrpc.MaxConnections)
+			}
+			o.NConnect = v
+			return nil
+		}},
+	{names: []string{"rdmavers"}, arg: "auto|1|2", help: "RPC-over-RDMA version with proto=rdma (default auto: offer version 2, fall back to 1)",
+		set: func(o *mountOptions, a optionArg) error {
+			switch a.val {
+			case "auto", "1", "2":
+				o.RDMAVers = a.val
+				return nil
+			}
+			return fmt.Errorf("option rdmavers=%s: want auto, 1 or 2", a.val)
+		}},
+	{names: []string{"rdmadev"}, arg: "NAME", help: "verbs provider with proto=rdma: an RDMA device (rdma-core) or iwarp-go (pure Go)",
+		set: func(o *mountOptions, a optionArg) error {
+			if a.val == "" {
+				return fmt.Errorf("option rdmadev: want a device name (e.g. mlx5_0, rxe0) or iwarp-go")
+			}
+			o.RDMADev = a.val
+			return nil
+		}},
+	{names: []string{"rdmamem"}, arg: "BYTES", help: "registered memory with proto=rdma, K/M/G suffix, 4M to 64G (default 64M)",
+		set: func(o *mountOptions, a optionArg) error {
+			v, err := parseSize(a.val)
+			if err != nil {
+				return fmt.Errorf("option rdmamem=%s: %w", a.val, err)
+			}
+			if v < 4<<20 || v > 64<<30 {
+				return fmt.Errorf("option rdmamem=%s: want 4M to 64G", a.val)
+			}
+			o.RDMAMem = v
+			return nil
+		}},
+	{names: []string{"uring"}, arg: "[=on|auto|off]", help: "serve the kernel's FUSE requests over io_uring: on (bare uring), auto (where offered) or off (default off, or $RDMAFS_URING)",
+		set: func(o *mountOptions, a optionArg) error {
+			mode, err := parseURing(a.val, a.hasVal)
+			if err != nil {
+				return fmt.Errorf("option %s: %w", a.opt, err)
+			}
+			o.URing = mode
+			return nil
+		}},
+	{names: []string{"nouring"}, help: "read and write /dev/fuse (uring=off)",
+		set: flagOption(func(o *mountOptions, _ string) { o.URing = fuse.URingOff })},
+}
+
+// mountOptionByName indexes mountOptionTable by each of its names.
+var mountOptionByName = func() map[string]*mountOption {
+	m := make(map[string]*mountOption)
+	for i := range mountOptionTable {
+		for _, name := range mountOptionTable[i].names {
+			m[name] = &mountOptionTable[i]
+		}
+	}
+	return m
+}()
+
 // set applies one option, "name" or "name=value".
 func (o *mountOptions) set(opt string) error {
 	name, val, hasVal := strings.Cut(opt, "=")
-	num := func() (int, error) {
-		if !hasVal {
-			return 0, fmt.Errorf("option %s needs a value (%s=N)", name, name)
-		}
-		v, err := strconv.Atoi(val)
-		if err != nil || v < 0 {
-			return 0, fmt.Errorf("option %s=%s: not a non-negative number", name, val)
-		}
-		return v, nil
+	a := optionArg{opt: opt, name: name, val: val, hasVal: hasVal}
+	if mo, ok := mountOptionByName[name]; ok {
+		return mo.set(o, a)
 	}
-	secs := func(d *time.Duration) error {
-		v, err := num()
-		if err != nil {
+	if v, ok := vfsOptions[name]; ok {
+		if err := a.noVal(); err != nil {
 			return err
 		}
-		*d = time.Duration(v) * time.Second
+		o.VFSFlags = o.VFSFlags&^v.clear | v.set
+		o.VFSGiven |= v.set | v.clear
 		return nil
 	}
-	noVal := func() error {
-		if hasVal {
-			return fmt.Errorf("option %s takes no value", name)
-		}
+	if ignoredOptions[name] || strings.HasPrefix(name, "x-") {
 		return nil
 	}
-	switch name {
-	case "proto":
-		switch val {
-		case "tcp", "rdma":
-			o.Proto = val
-		default:
-			return fmt.Errorf("option proto=%s: want proto=tcp or proto=rdma", val)
-		}
-	case "port":
-		v, err := num()
-		if err != nil {
-			return err
-		}
-		if v > 65535 {
-			return fmt.Errorf("option port=%d: out of range", v)
-		}
-		o.Port = v
-	case "vers", "nfsvers":
-		switch val {
-		case "4", "4.1", "4.2":
-		default:
-			return fmt.Errorf("option %s=%s: rdmafs speaks NFS version 4.1 and 4.2 only (vers=4, 4.1 or 4.2)", name, val)
-		}
-		o.Vers = val
-	case "rsize", "wsize":
-		v, err := num()
-		if err != nil {
-			return err
-		}
-		if v < 4096 || v > 16<<20 {
-			return fmt.Errorf("option %s=%d: want 4096 to 16777216 bytes", name, v)
-		}
-		if name == "rsize" {
-			o.RSize = v
-		} else {
-			o.WSize = v
-		}
-	case "timeo":
-		v, err := num()
-		if err != nil {
-			return err
-		}
-		if v == 0 {
-			return fmt.Errorf("option timeo=0: want at least 1 (tenths of a second)")
-		}
-		o.Timeo = time.Duration(v) * 100 * time.Millisecond // deciseconds, as nfs(5)
-	case "retrans":
-		v, err := num()
-		if err != nil {
-			return err
-		}
-		o.Retrans = v
-	case "hard", "soft":
-		if err := noVal(); err != nil {
-			return err
-		}
-		o.Hard = name == "hard"
-	case "actimeo":
-		var d time.Duration
-		if err := secs(&d); err != nil {
-			return err
-		}
-		o.AcRegMin, o.AcRegMax, o.AcDirMin, o.AcDirMax = d, d, d, d
-		o.NoAC = d == 0
-	case "acregmin":
-		return secs(&o.AcRegMin)
-	case "acregmax":
-		return secs(&o.AcRegMax)
-	case "acdirmin":
-		return secs(&o.AcDirMin)
-	case "acdirmax":
-		return secs(&o.AcDirMax)
-	case "noac":
-		if err := noVal(); err != nil {
-			return err
-		}
-		o.NoAC = true
-	case "ac":
-		o.NoAC = false
-	case "ro", "rw":
-		if err := noVal(); err != nil {
-			return err
-		}
-		o.ReadOnly = name == "ro"
-		o.VFSGiven |= unix.MS_RDONLY
-		o.VFSFlags &^= unix.MS_RDONLY
-		if o.ReadOnly {
-			o.VFSFlags |= unix.MS_RDONLY
-		}
-	case "remount":
-		if err := noVal(); err != nil {
-			return err
-		}
-		o.Remount = true
-	case "allow_other":
-		if err := noVal(); err != nil {
-			return err
-		}
-		o.AllowOther = true
-	case "rdmamem":
-		v, err := parseSize(val)
-		if err != nil {
-			return fmt.Errorf("option rdmamem=%s: %w", val, err)
-		}
-		if v < 4<<20 || v > 64<<30 {
-			return fmt.Errorf("option rdmamem=%s: want 4M to 64G", val)
-		}
-		o.RDMAMem = v
-	case "rdmadev":
-		if val == "" {
-			return fmt.Errorf("option rdmadev: want a device name (e.g. mlx5_0, rxe0) or iwarp-go")
-		}
-		o.RDMADev = val
-	case "uring":
-		mode, err := parseURing(val, hasVal)
-		if err != nil {
-			return fmt.Errorf("option %s: %w", opt, err)
-		}
-		o.URing = mode
-	case "nouring":
-		if err := noVal(); err != nil {
-			return err
-		}
-		o.URing = fuse.URingOff
-	case "nconnect":
-		v, err := strconv.Atoi(val)
-		if !hasVal || err != nil || v < 1 || v > oncrpc.MaxConnections {
-			return fmt.Errorf("option nconnect=%s: want 1 to %d connections", val, oncrpc.MaxConnections)
-		}
-		o.NConnect = v
-	case "rdmavers":
-		switch val {
-		case "auto", "1", "2":
-			o.RDMAVers = val
-		default:
-			return fmt.Errorf("option rdmavers=%s: want auto, 1 or 2", val)
-		}
-	default:
-		if v, ok := vfsOptions[name]; ok {
-			if err := noVal(); err != nil {
-				return err
-			}
-			o.VFSFlags = o.VFSFlags&^v.clear | v.set
-			o.VFSGiven |= v.set | v.clear
-			return nil
-		}
-		if ignoredOptions[name] || strings.HasPrefix(name, "x-") {
-			return nil
-		}
-		return fmt.Errorf("unknown mount option %q (see rdmafs mount --help)", opt)
-	}
-	return nil
+	return fmt.Errorf("unknown mount option %q (see rdmafs mount --help)", opt)
 }
 
 // userFlags are the MS_* bits a mount by an ordinary user can have: those
