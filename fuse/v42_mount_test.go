@@ -61,7 +61,7 @@ func TestRenameFlags(t *testing.T) {
 }
 
 // v42Support is what each server does of NFSv4.2 (RFC 7862, RFC 8276),
-// as observed through the mount; the README's table says the same.
+// as observed through the mount; docs/design.md's table says the same.
 var v42Support = map[string]map[string]bool{
 	"knfsd":   {"ALLOCATE": true, "DEALLOCATE": true, "SEEK": true, "COPY": true, "XATTR": true},
 	"ganesha": {"ALLOCATE": true, "DEALLOCATE": true, "SEEK": true, "COPY": false, "XATTR": false},

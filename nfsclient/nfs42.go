@@ -19,7 +19,7 @@ import (
 // fail with NFS4ERR_NOTSUPP (EOPNOTSUPP) without asking the server.
 //
 // Which server does what (integration tests, nfs42_integration_test.go):
-// see the README's table.
+// see the table in docs/design.md.
 
 // MinorVersion returns the NFSv4 minor version of the session: 1 or 2.
 func (c *Client) MinorVersion() int { return int(c.minor.Load()) }

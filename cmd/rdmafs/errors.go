@@ -14,7 +14,7 @@ import (
 	"github.com/rdmafs/rdmafs/verbs/ibverbs"
 )
 
-// Exit codes of rdmafs mount (also documented in README.md).
+// Exit codes of rdmafs mount (also documented in README.md and rdmafs mount --help).
 const (
 	exitUsage      = 1  // bad command line or option
 	exitMountpoint = 2  // mountpoint missing, not a directory, or busy

@@ -152,7 +152,7 @@ func TestKnfsdGuestRxeSiw(t *testing.T) {
 			workload(ctx, t, k, dev, "", "")
 		})
 		if dev == "rxe0" {
-			// The same with memory windows (opt-in: see README, rxe
+			// The same with memory windows (opt-in: see docs/design.md, rxe
 			// bounds window accesses by the chunk, not the window).
 			t.Run(dev+"/knfsd-windows", func(t *testing.T) {
 				out := workload(ctx, t, k, dev, "", "RDMAFS_IBVERBS_WINDOWS=1 WTAG=mw")
