@@ -19,7 +19,12 @@ type nfsError struct {
 	cause error
 }
 
-func (e *nfsError) Error() string { return e.errno.Error() + " (" + e.cause.Error() + ")" }
+func (e *nfsError) Error() string {
+	if e.cause == error(e.errno) {
+		return e.errno.Error()
+	}
+	return e.errno.Error() + " (" + e.cause.Error() + ")"
+}
 
 func (e *nfsError) Unwrap() []error {
 	if e.errno == syscall.EINVAL {
@@ -44,6 +49,9 @@ func wrapErr(err error) error {
 	}
 	var en syscall.Errno
 	if errors.As(err, &en) {
+		if en == syscall.EINVAL && !errors.Is(err, fs.ErrInvalid) {
+			return &nfsError{errno: en, cause: err}
+		}
 		return err
 	}
 	return &nfsError{errno: nfsclient.Errno(err), cause: err}

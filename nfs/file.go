@@ -145,6 +145,10 @@ func (f *File) check(op string, write bool) error {
 		return pathErr(op, f.name, syscall.EISDIR)
 	case write && f.w == nil:
 		return pathErr(op, f.name, syscall.EBADF)
+	case !write && op == "read" && f.flag&(os.O_WRONLY|os.O_RDWR) == os.O_WRONLY:
+		// As a local file: the server may allow READ with a write-only
+		// open (RFC 8881 s18.22.4), POSIX does not.
+		return pathErr(op, f.name, syscall.EBADF)
 	}
 	return nil
 }
