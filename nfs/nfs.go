@@ -121,7 +121,9 @@ type Client struct {
 
 // Dial connects to the export target, "server:/export",
 // "server:port:/export" or "[ipv6]:/export", and establishes an NFSv4.1
-// session. ctx bounds connecting only.
+// session. ctx bounds connecting only; an unreachable server fails it
+// within Options.Timeout x (Retrans+1) however hard the client. An export
+// the server does not have matches fs.ErrNotExist.
 func Dial(ctx context.Context, target string, opts Options) (*Client, error) {
 	host, port, export, err := splitTarget(target)
 	if err != nil {
@@ -133,7 +135,7 @@ func Dial(ctx context.Context, target string, opts Options) (*Client, error) {
 	}
 	nc, _, err := dial.Connect(ctx, cfg, ncfg)
 	if err != nil {
-		return nil, fmt.Errorf("nfs: dial %s: %w", target, err)
+		return nil, fmt.Errorf("nfs: dial %s: %w", target, wrapErr(err))
 	}
 	return newClient(nc, export, opts), nil
 }
