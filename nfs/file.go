@@ -25,8 +25,9 @@ const commitAfter = 64 << 20
 //
 // The methods of the io interfaces take no context: the Client's
 // Options.CallTimeout bounds them. The Context variants take one. A
-// File is safe for concurrent use; Read, Write and Seek share its
-// offset.
+// File is safe for concurrent use: reads run in parallel, writes to one
+// File one at a time (each in WRITEs in flight at once); Read, Write and
+// Seek share its offset.
 type File struct {
 	c    *Client
 	name string
@@ -35,6 +36,10 @@ type File struct {
 	dir  bool
 	of   *nfsclient.OpenFile       // nil for a directory
 	w    *nfsclient.UnstableWriter // nil unless opened for writing
+
+	// wmu serialises the calls on w, which is not safe for a Flush
+	// while another goroutine's WriteAt starts writes.
+	wmu sync.Mutex
 
 	mu      sync.Mutex
 	closed  bool
@@ -275,6 +280,8 @@ func (f *File) writeAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	f.wmu.Lock()
+	defer f.wmu.Unlock()
 	// The writer keeps the data until a COMMIT says it is stable.
 	if err := f.w.WriteAt(ctx, bytes.Clone(p), nil, uint64(off), nil); err != nil {
 		return 0, pathErr("write", f.name, err)
@@ -364,6 +371,8 @@ func (f *File) SyncContext(ctx context.Context) error {
 	if f.w == nil {
 		return nil
 	}
+	f.wmu.Lock()
+	defer f.wmu.Unlock()
 	return pathErr("sync", f.name, f.w.Commit(ctx))
 }
 
@@ -382,6 +391,8 @@ func (f *File) TruncateContext(ctx context.Context, size int64) error {
 	if size < 0 {
 		return pathErr("truncate", f.name, syscall.EINVAL)
 	}
+	f.wmu.Lock()
+	defer f.wmu.Unlock()
 	// Writes sent before must not land after the new size is set.
 	if err := f.w.Flush(); err != nil {
 		return pathErr("truncate", f.name, err)
@@ -414,10 +425,12 @@ func (f *File) CloseContext(ctx context.Context) error {
 	}
 	var errs []error
 	if f.w != nil {
+		f.wmu.Lock()
 		if err := f.w.Commit(ctx); err != nil {
 			f.w.Discard()
 			errs = append(errs, err)
 		}
+		f.wmu.Unlock()
 	}
 	// RFC 8881 s18.2.3: CLOSE with locks held fails (LOCKS_HELD).
 	if locker != nil && locker.Held() {
