@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmafs/rdmafs/fuse"
+	"github.com/rdmafs/rdmafs/internal/dial"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -276,7 +277,7 @@ func runMount(cctx *cli.Context) error {
 		if err := checkMountpoint(o.Dir); err != nil {
 			return err
 		}
-		if err := checkTransport(o); err != nil {
+		if err := dial.Check(o.Proto); err != nil {
 			return exitf(exitUsage, err, "%v", err)
 		}
 		return spawnDaemon(cctx.App.Metadata["args"].([]string), cats != 0 && logFile == "")
@@ -370,71 +371,20 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-// checkTransport reports, without connecting, whether the transport the
-// options select can be built.
-func checkTransport(o *mountOptions) error {
-	switch o.Proto {
-	case "tcp":
-		return nil
-	case "rdma":
-		return nil
+// dialConfig is how the options reach the server, for package dial,
+// which builds the transport (TCP or RPC-over-RDMA, nconnect) the nfs
+// library builds too.
+func dialConfig(o *mountOptions, tr *trace.Tracer) dial.Config {
+	return dial.Config{
+		Addr:        o.addr(),
+		Proto:       o.Proto,
+		NConnect:    o.NConnect,
+		DialTimeout: o.Timeo,
+		RDMAVers:    o.RDMAVers,
+		RDMAMem:     o.RDMAMem,
+		RDMADev:     o.RDMADev,
+		Tracer:      tr,
 	}
-	return fmt.Errorf("proto=%s: unknown transport", o.Proto)
-}
-
-// dialTransport builds the RPC transport the options select (o.addr(),
-// o.Timeo for connection attempts, o.RDMAVers for RPC-over-RDMA). It is
-// the one place that knows the transports: the RPC-over-RDMA one plugs
-// in here, and in checkTransport.
-func dialTransport(o *mountOptions, tr *trace.Tracer) (oncrpc.Transport, error) {
-	switch o.Proto {
-	case "tcp":
-		addr := o.addr()
-		conns := make([]oncrpc.Transport, o.NConnect)
-		for i := range conns {
-			conns[i] = oncrpc.NewTCPTransport(addr, oncrpc.TCPOptions{
-				DialTimeout: o.Timeo,
-				OnConnect: func(gen uint64) {
-					if tr.On(trace.RPC) {
-						tr.Printf(trace.RPC, "connected to %s (connection %d.%d)", addr, i, gen)
-					}
-				},
-			})
-		}
-		return multiTransport(conns, false, tr)
-	case "rdma":
-		return dialRDMA(o, tr)
-	}
-	return nil, fmt.Errorf("proto=%s: unknown transport", o.Proto)
-}
-
-// multiTransport spreads calls over conns (nconnect=N, N > 1); a single
-// connection is used as it is.
-func multiTransport(conns []oncrpc.Transport, rdma bool, tr *trace.Tracer) (oncrpc.Transport, error) {
-	if len(conns) == 1 {
-		return conns[0], nil
-	}
-	return oncrpc.NewMultiTransport(conns, oncrpc.MultiOptions{
-		RDMA: rdma,
-		OnEvent: func(i int, event string, err error) {
-			if tr.On(trace.RPC) {
-				tr.Printf(trace.RPC, "nconnect: connection %d %s: %v", i, event, err)
-			}
-		},
-	})
-}
-
-// probe sends an RPC NULL over its own transport with soft semantics, so
-// that an unreachable server fails the mount within timeo x retrans even
-// for a hard mount.
-func probe(ctx context.Context, o *mountOptions, tr *trace.Tracer) error {
-	t, err := dialTransport(o, tr)
-	if err != nil {
-		return err
-	}
-	defer t.Close()
-	c := oncrpc.NewClient(t, 100003, 4, oncrpc.ClientOptions{Timeout: o.Timeo, Retrans: o.Retrans})
-	return c.Ping(ctx)
 }
 
 // serve mounts and serves until the file system is unmounted. notify is
@@ -451,22 +401,17 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 		return exitf(exitUsage, err, "%v", err)
 	}
 	defer stopProfile()
-	if err := checkTransport(o); err != nil {
+	if err := dial.Check(o.Proto); err != nil {
 		return exitf(exitUsage, err, "%v", err)
 	}
 	wait := o.Timeo * time.Duration(o.Retrans+1)
 	ctx, cancel := context.WithTimeout(context.Background(), wait+5*time.Second)
 	defer cancel()
-	if err := probe(ctx, o, tr); err != nil {
-		return classifyDial(err, o, wait)
-	}
-	t, err := dialTransport(o, tr)
-	if err != nil {
-		return exitf(exitUsage, err, "%v", err)
-	}
 	var retrans atomic.Uint64
-	c, err := nfsclient.Dial(ctx, nfsclient.Config{
-		Transport: t,
+	// dial.Connect probes with an RPC NULL of soft semantics first, so
+	// that an unreachable server fails the mount within timeo x retrans
+	// even for a hard mount.
+	c, t, err := dial.Connect(ctx, dialConfig(o, tr), nfsclient.Config{
 		RPC: oncrpc.ClientOptions{
 			Timeout: o.Timeo, Retrans: o.Retrans, Hard: o.Hard,
 			OnRetransmit: func(xid uint32, attempt int, cause error) {
@@ -485,8 +430,10 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 		Delegations: true,
 		Tracer:      tr,
 	})
+	if errors.Is(err, dial.ErrTransport) {
+		return exitf(exitUsage, err, "%v", err)
+	}
 	if err != nil {
-		t.Close()
 		return classifyDial(err, o, wait)
 	}
 	fsName := o.Server + ":" + o.Export

@@ -82,6 +82,16 @@ func RequireGanesha(t testing.TB) *Ganesha {
 	if testing.Short() {
 		t.Skip("integration test: needs NFS-Ganesha (ganesha.nfsd, run as root); skipped in -short mode")
 	}
+	g, err := SharedGanesha()
+	if err != nil {
+		t.Fatalf("integration test: cannot start ganesha: %v", err)
+	}
+	return g
+}
+
+// SharedGanesha is RequireGanesha outside a test: a TestMain that needs
+// the server for its examples calls it before Main, which stops it.
+func SharedGanesha() (*Ganesha, error) {
 	shared.ganeshaOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), ganeshaStartTimeout)
 		defer cancel()
@@ -92,10 +102,7 @@ func RequireGanesha(t testing.TB) *Ganesha {
 		}
 		shared.ganesha, shared.ganeshaErr = g, err
 	})
-	if shared.ganeshaErr != nil {
-		t.Fatalf("integration test: cannot start ganesha: %v", shared.ganeshaErr)
-	}
-	return shared.ganesha
+	return shared.ganesha, shared.ganeshaErr
 }
 
 // StopAll stops every server started by RequireKnfsd and RequireGanesha in
