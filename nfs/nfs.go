@@ -41,8 +41,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rdmafs/rdmafs/internal/dial"
 	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfs/dial"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )

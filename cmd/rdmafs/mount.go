@@ -16,8 +16,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmafs/rdmafs/fuse"
-	"github.com/rdmafs/rdmafs/internal/dial"
 	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfs/dial"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )

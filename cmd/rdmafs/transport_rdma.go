@@ -2,8 +2,8 @@ package main
 
 import (
 	"github.com/rdmafs/rdmafs/fuse"
-	"github.com/rdmafs/rdmafs/internal/dial"
 	"github.com/rdmafs/rdmafs/mrcache"
+	"github.com/rdmafs/rdmafs/nfs/dial"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/verbs"
 )
