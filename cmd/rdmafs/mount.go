@@ -70,53 +70,7 @@ server fails within timeo x (retrans+1), even for a hard mount.
 
 MOUNT OPTIONS (-o, comma separated, repeatable; most are also flags,
 which override -o):
-   proto=tcp|rdma        transport (default tcp)
-   port=N                server port (default 2049 for tcp, 20049 for
-                         rdma); also server:PORT:/export
-   vers=4|4.2|4.1        NFS minor version (nfsvers= too); 4 (default)
-                         speaks 4.2 and falls back to 4.1 if the server
-                         lacks it; anything else is an error
-   rsize=N, wsize=N      largest READ/WRITE in bytes, 4096 to 16777216
-                         (default 1048576, lowered to the session's limits)
-   timeo=N               RPC timeout in tenths of a second (default 600)
-   retrans=N             retransmissions before a soft mount fails a call
-                         (default 2)
-   hard | soft           retry forever (default) | fail with ETIMEDOUT
-                         after timeo x retrans
-   actimeo=N             all attribute cache times, seconds; 0 = noac
-   acregmin=N acregmax=N attribute cache times of files, seconds
-                         (defaults 3 and 60)
-   acdirmin=N acdirmax=N attribute cache times of directories, seconds
-                         (defaults 30 and 60)
-   noac | ac             attribute caching off | on (default on)
-   ro | rw               read-only | read-write (default rw)
-   allow_other           let other users use the mount (default off)
-   nconnect=N            N connections to the server, 1 to 16 (default
-                         1), as nfs(5): all bound to the one session
-                         (BIND_CONN_TO_SESSION), calls spread over them
-                         round robin, a broken connection's calls sent
-                         again on another while it is redialled; with
-                         proto=tcp and proto=rdma. rdmafs stats shows a
-                         line per connection
-   rdmavers=auto|1|2     RPC-over-RDMA version with proto=rdma (default
-                         auto: offer version 2, fall back to 1)
-   rdmadev=NAME          verbs provider with proto=rdma: an RDMA device
-                         (mlx5_0, rxe0, siw0: rdma-core) or iwarp-go (pure
-                         Go over TCP); default: rdma-core on the first
-                         device with an active port if /sys/class/infiniband
-                         lists one, else iwarp-go
-   rdmamem=BYTES         registered memory with proto=rdma, K/M/G suffix,
-                         4M to 64G (default 64M): READ data lands in it and
-                         WRITE data leaves from it; calls beyond it copy
-   uring[=on|auto|off]   how the kernel's FUSE requests reach rdmafs: on
-   | nouring             (bare uring) serves them over io_uring, one queue
-                         per CPU, and fails the mount where the kernel
-                         lacks it; auto uses io_uring where offered;
-                         off (nouring) reads and writes /dev/fuse.
-                         Default off, or $RDMAFS_URING. io_uring needs
-                         Linux 6.14 and, as root,
-                         echo Y > /sys/module/fuse/parameters/enable_uring
-
+` + mountOptionsHelp() + `
 FILE-SYSTEM-INDEPENDENT OPTIONS (mount(8)), as on a kernel NFS mount:
    suid | nosuid         honour set-user-ID and set-group-ID bits or not
    dev | nodev           allow device nodes or not
@@ -140,12 +94,6 @@ FILE-SYSTEM-INDEPENDENT OPTIONS (mount(8)), as on a kernel NFS mount:
                          synchronous on NFS anyway
    nosymfollow | symfollow
                          do not follow symbolic links on the mount
-   remount               change the options above, and ro/rw, of a live
-                         mount: "mount -o remount,ro /mnt" (mount(8) runs
-                         mount.fuse.rdmafs), or "rdmafs mount -o
-                         remount,ro server:/export /mnt"; root only. NFS
-                         options keep the values of the mount; dirsync
-                         stays as mounted (the kernel keeps it)
 fstab-only options (_netdev, defaults, auto, noauto, nofail, user, x-*,
 ...), nfs(5) options without meaning here (sec, lookupcache, ...), mand,
 nomand, iversion, and FUSE's own (user_id, group_id, default_permissions,
