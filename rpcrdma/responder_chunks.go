@@ -133,6 +133,7 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 				return fmt.Errorf("RDMA Read: %w", c.qp.Err())
 			case <-timer.C:
 				c.tracef("closing: a Read chunk unanswered for %v", c.s.cfg.ReadTimeout)
+				c.s.stats.readTimeouts.Add(1)
 				c.qp.Close()
 				return fmt.Errorf("RDMA Read: unanswered for %v: connection closed", c.s.cfg.ReadTimeout)
 			}
