@@ -438,7 +438,6 @@ func (c *serverConn) serve() {
 			if c.backwardReply(msg) {
 				continue // RFC 8167 s4: a reply takes no forward credit
 			}
-			c.s.stats.bytesIn.Add(uint64(len(msg)))
 			if !c.enter() {
 				// RFC 8166 s3.3.1: the requester sent more than we
 				// granted; "the RDMA layer may signal an error,
@@ -652,6 +651,7 @@ func (c *serverConn) handleCall(msg []byte, leave func()) {
 		return
 	}
 	defer release()
+	c.s.stats.bytesIn.Add(uint64(len(call)))
 	if f := c.s.intercept.Load(); f != nil && (*f)(c, &h, call, leave) {
 		return
 	}

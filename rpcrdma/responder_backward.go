@@ -184,8 +184,8 @@ type ResponderStats struct {
 	Accepted      uint64 // connections accepted
 	Refused       uint64 // connections NewConn refused
 	Calls         uint64 // calls handed to the handler
-	BytesIn       uint64 // bytes of the messages received (inline parts)
-	BytesOut      uint64 // bytes of the replies the handler returned
+	BytesIn       uint64 // bytes of the calls, Read chunks included
+	BytesOut      uint64 // bytes of the replies the handler returned, Write chunks included
 	ChunkErrors   uint64 // calls answered with ERR_CHUNK: chunks that could not be pulled in
 	ReplyErrors   uint64 // replies that could not be sent
 	Unanswered    uint64 // calls the handler returned no reply for
