@@ -376,12 +376,13 @@ type serverConn struct {
 	oldBufs   int        // posted buffers still smaller than growTo
 	growXID   uint32
 
-	inFlight atomic.Int64
-	sendMu   sync.Mutex // orders a reply's RDMA Writes before its Send
-	wr       atomic.Uint64
-	doneMu   sync.Mutex
-	onDone   map[uint64]wrDone // by WRID, run by sendLoop; guarded by doneMu
-	ended    bool              // the queue pair is closed and its completions run; guarded by doneMu
+	inFlight     atomic.Int64
+	readTimedOut atomic.Bool // a Read chunk went unanswered past ReadTimeout
+	sendMu       sync.Mutex  // orders a reply's RDMA Writes before its Send
+	wr           atomic.Uint64
+	doneMu       sync.Mutex
+	onDone       map[uint64]wrDone // by WRID, run by sendLoop; guarded by doneMu
+	ended        bool              // the queue pair is closed and its completions run; guarded by doneMu
 }
 
 func (c *serverConn) tracef(format string, args ...any) {

@@ -132,8 +132,12 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 			case <-c.qp.Done():
 				return fmt.Errorf("RDMA Read: %w", c.qp.Err())
 			case <-timer.C:
-				c.tracef("closing: a Read chunk unanswered for %v", c.s.cfg.ReadTimeout)
-				c.s.stats.readTimeouts.Add(1)
+				if c.readTimedOut.CompareAndSwap(false, true) {
+					// Counted once per connection: its other calls'
+					// Reads time out with it.
+					c.tracef("closing: a Read chunk unanswered for %v", c.s.cfg.ReadTimeout)
+					c.s.stats.readTimeouts.Add(1)
+				}
 				c.qp.Close()
 				return fmt.Errorf("RDMA Read: unanswered for %v: connection closed", c.s.cfg.ReadTimeout)
 			}

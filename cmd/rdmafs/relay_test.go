@@ -187,8 +187,10 @@ func TestRelayWorkload(t *testing.T) {
 			if calls, fwd := statField(t, st, "calls:", "calls"), statField(t, st, "calls:", "forwarded"); calls < 50 || fwd != calls {
 				t.Errorf("relay handled %d calls and forwarded %d; want the workload's (at least 50), all forwarded", calls, fwd)
 			}
-			if n := statField(t, st, "calls:", "bytes_in"); n < 6000000 {
-				t.Errorf("relay received %d bytes; the workload wrote 6 MB", n)
+			// Over 3 MB written; the cp of one file to another in the
+			// mount may be a COPY on the server (knfsd).
+			if n := statField(t, st, "calls:", "bytes_in"); n < 3005000 {
+				t.Errorf("relay received %d bytes of calls; the workload wrote 3 MB", n)
 			}
 			if n := statField(t, st, "calls:", "unanswered"); n != 0 {
 				t.Errorf("%d calls the server did not answer", n)
