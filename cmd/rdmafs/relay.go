@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -388,7 +389,7 @@ func startRelayStats(r *relay, port string) (*relayStatsServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	path := d + "/" + relaySocketName(port)
+	path := filepath.Join(d, relaySocketName(port))
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("%s: another relay on port %s answers there", path, port)

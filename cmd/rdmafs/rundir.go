@@ -124,17 +124,10 @@ func trustedDir(d string, uid int) bool {
 	return fi.Mode().Perm()&0o022 == 0
 }
 
-// statsSocketCandidates returns where the stats socket of the mount on
-// dir may be, in the order to try: $RDMAFS_RUN_DIR only, when set; else
-// root's place, this user's places and the places of the user who made
-// the mount.
-func statsSocketCandidates(dir string) []string {
-	return socketCandidates(socketName(dir), dir)
-}
-
-// socketCandidates returns where the socket name may be: as
-// statsSocketCandidates says, with the places of the user who made the
-// mount on dir only when dir is not "" (a relay's socket has no mount).
+// socketCandidates returns where the socket name may be, in the order to
+// try: $RDMAFS_RUN_DIR only, when set; else root's place, this user's
+// places and, when dir is a mount's directory (not "": a relay's socket
+// has no mount), the places of the user who made that mount.
 func socketCandidates(name, dir string) []string {
 	if d := os.Getenv(runDirEnv); d != "" {
 		return []string{filepath.Join(d, name)}
