@@ -51,7 +51,13 @@ var relayLine = regexp.MustCompile(`serving RPC-over-RDMA on (\S+) `)
 // with SIGTERM when the test ends, if the test has not stopped it.
 func startRelayBin(t *testing.T, to string, flags ...string) *relayProc {
 	t.Helper()
-	args := append([]string{"relay", "--listen", "127.0.0.1:0", "--to", to, "--rdmadev", "iwarp-go"}, flags...)
+	return startRelayAt(t, "127.0.0.1:0", to, flags...)
+}
+
+// startRelayAt is startRelayBin listening on listen.
+func startRelayAt(t *testing.T, listen, to string, flags ...string) *relayProc {
+	t.Helper()
+	args := append([]string{"relay", "--listen", listen, "--to", to, "--rdmadev", "iwarp-go"}, flags...)
 	cmd := exec.Command(rdmafsBin(t), args...)
 	p := &relayProc{cmd: cmd, stderr: &syncBuf{}, waited: make(chan error, 1)}
 	cmd.Stderr = p.stderr
@@ -197,5 +203,34 @@ func TestRelayWorkload(t *testing.T) {
 			}
 			os.RemoveAll(d)
 		})
+	}
+}
+
+// TestRelaySIGTERM stops a relay under a mount with SIGTERM: it exits 0
+// and its stats socket goes. A new relay on the same port takes over:
+// the mount reconnects through it, reads back what it wrote intact, and
+// unmounts cleanly.
+func TestRelaySIGTERM(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	r := startRelayBin(t, g.Addr, "--grace", "2s")
+	mnt := mount(t, peer{name: "relay-ganesha", host: "127.0.0.1", port: r.port, export: g.Export, opts: []string{"proto=rdma", "rdmadev=iwarp-go"}})
+	d := testDir(t, mnt)
+	defer os.RemoveAll(d)
+	sum := t.TempDir() + "/sum"
+	sh(t, time.Minute, "head -c 1000000 /dev/urandom > "+d+"/f && sha256sum "+d+"/f > "+sum)
+	r.stop(t)
+	if out, code := runBin(t, time.Minute, "stats", "--relay", r.port); code == 0 {
+		t.Fatalf("stats of a stopped relay: exit 0:\n%s", out)
+	}
+	r2 := startRelayAt(t, r.addr, g.Addr)
+	sh(t, 2*time.Minute, "sha256sum -c "+sum)
+	if n := statField(t, r2.stats(t), "calls:", "calls"); n == 0 {
+		t.Error("the mount's calls after the relay's restart did not go through the new relay")
+	}
+	// Unmounted while the new relay serves: it stops before the mount's
+	// cleanup (cleanups run last first).
+	os.RemoveAll(d)
+	if out, code := runBin(t, 2*time.Minute, "umount", mnt); code != 0 {
+		t.Errorf("rdmafs umount through the new relay: exit %d: %s", code, out)
 	}
 }
