@@ -264,6 +264,9 @@ type relayConn struct {
 	fwd   oncrpc.CallHandler
 	since time.Time
 	calls atomic.Uint64
+	// closing is set once the RDMA connection ended: the TCP connection
+	// closes because the relay closes it.
+	closing atomic.Bool
 }
 
 // serverDialWait bounds the connection to the server that a new client
@@ -271,9 +274,10 @@ type relayConn struct {
 const serverDialWait = 10 * time.Second
 
 // newConn connects a new RDMA connection to the server. The TCP
-// connection is made once: should it break, the RDMA connection is
-// closed rather than a new TCP connection made, since the server's
-// session state bound to the old one (the back channel) would not follow.
+// connection is made once: when it breaks, the RDMA connection is closed
+// at once rather than a new TCP connection made, since the server's
+// session state bound to the old one (the back channel: RFC 8881
+// s2.10.3.1) would not follow; the client reconnects and binds again.
 func (r *relay) newConn(rc *rpcrdma.ResponderConn) (oncrpc.CallHandler, error) {
 	c := &relayConn{r: r, rc: rc, since: time.Now()}
 	var dials atomic.Int32
@@ -282,12 +286,13 @@ func (r *relay) newConn(rc *rpcrdma.ResponderConn) (oncrpc.CallHandler, error) {
 		DialTimeout: serverDialWait,
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if dials.Add(1) > 1 {
-				r.serverLost.Add(1)
-				r.tracef("relay: %v: connection to the server broke: closing", rc.RemoteAddr())
-				rc.Close()
 				return nil, errors.New("relay: the connection to the server broke")
 			}
-			return d.DialContext(ctx, network, addr)
+			nc, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &serverConn{Conn: nc, broke: c.serverBroke}, nil
 		},
 	})
 	c.tcp.SetCallHandler(backwardRelay{c})
@@ -326,8 +331,36 @@ func (c *relayConn) HandleCall(msg []byte) []byte {
 	return reply
 }
 
+// serverBroke closes the RDMA connection once its connection to the
+// server broke, unless the relay closed that one itself.
+func (c *relayConn) serverBroke(err error) {
+	if c.closing.Load() {
+		return
+	}
+	c.r.serverLost.Add(1)
+	c.r.tracef("relay: %v: connection to the server broke (%v): closing", c.rc.RemoteAddr(), err)
+	c.rc.Close()
+}
+
+// serverConn is a relay's TCP connection to the server, which reports
+// the first error reading from it: the server closed it or it broke.
+type serverConn struct {
+	net.Conn
+	once  sync.Once
+	broke func(error)
+}
+
+func (c *serverConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.once.Do(func() { c.broke(err) })
+	}
+	return n, err
+}
+
 // Close ends the connection to the server once the RDMA connection ended.
 func (c *relayConn) Close() error {
+	c.closing.Store(true)
 	c.r.mu.Lock()
 	delete(c.r.conns, c)
 	c.r.mu.Unlock()

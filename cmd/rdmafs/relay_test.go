@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -232,5 +233,87 @@ func TestRelaySIGTERM(t *testing.T) {
 	os.RemoveAll(d)
 	if out, code := runBin(t, 2*time.Minute, "umount", mnt); code != 0 {
 		t.Errorf("rdmafs umount through the new relay: exit %d: %s", code, out)
+	}
+}
+
+// cutProxy forwards TCP connections to target and can cut every
+// connection it carries, as a network failure between the relay and the
+// server would.
+type cutProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() { io.Copy(c, s); c.Close() }()
+		}
+	}()
+	return p
+}
+
+// cut closes every connection carried so far and returns how many pairs.
+func (p *cutProxy) cut() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	n := len(p.conns) / 2
+	p.conns = nil
+	return n
+}
+
+// TestRelayServerConnectionLost cuts the relay's TCP connection to the
+// server under a mount: the relay closes the mount's RDMA connection
+// (the server's state bound to the TCP connection is gone), the mount
+// reconnects through the relay to a new TCP connection, and its files
+// are intact.
+func TestRelayServerConnectionLost(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	proxy := newCutProxy(t, g.Addr)
+	r := startRelayBin(t, proxy.ln.Addr().String())
+	mnt := mount(t, peer{name: "relay-ganesha", host: "127.0.0.1", port: r.port, export: g.Export, opts: []string{"proto=rdma", "rdmadev=iwarp-go"}})
+	d := testDir(t, mnt)
+	defer os.RemoveAll(d)
+	sums := t.TempDir() + "/sums"
+	sh(t, time.Minute, "head -c 500000 /dev/urandom > "+d+"/f1 && sha256sum "+d+"/f1 > "+sums)
+	before := statField(t, r.stats(t), "connections:", "accepted")
+	if n := proxy.cut(); n == 0 {
+		t.Fatal("the relay has no connection to the server to cut")
+	}
+	sh(t, 2*time.Minute, "head -c 500000 /dev/urandom > "+d+"/f2 && sha256sum "+d+"/f2 >> "+sums+" && sha256sum -c "+sums)
+	st := r.stats(t)
+	t.Logf("relay stats:\n%s", st)
+	if n := statField(t, st, "errors:", "server_connections_lost"); n < 1 {
+		t.Errorf("relay counted %d lost server connections, want the cut one", n)
+	}
+	if n := statField(t, st, "connections:", "accepted"); n <= before {
+		t.Errorf("%d connections accepted after the cut, %d before: the mount did not reconnect", n, before)
+	}
+	if n := statField(t, st, "connections:", "open"); n != 1 {
+		t.Errorf("%d connections open, want the mount's new one alone", n)
 	}
 }
