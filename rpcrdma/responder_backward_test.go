@@ -90,3 +90,37 @@ func TestResponderBackwardCalls(t *testing.T) {
 		}
 	})
 }
+
+// FuzzResponderBackwardReply: whatever a requester sends, picking out the
+// replies to backward calls neither panics nor hands a call's message to
+// a waiting backward call, and takes only RDMA_MSG replies and
+// RDMA_ERRORs with the XID of a call in flight.
+func FuzzResponderBackwardReply(f *testing.F) {
+	reply := func(xid uint32) []byte {
+		var e xdr.Encoder
+		oncrpc.AppendAcceptedReply(&e, xid, oncrpc.Success, 0, 0)
+		return encodeMsg(Header{XID: xid, Vers: Version1, Credit: 1, Proc: ProcMsg}, e.Bytes())
+	}
+	f.Add(reply(7))
+	f.Add(reply(8))
+	f.Add(encodeMsg(Header{XID: 7, Vers: Version2, Credit: 1, Proc: ProcError, ErrCode: ErrChunk}, nil))
+	f.Add(backwardCallMsg(Header{XID: 7, Vers: Version1, Credit: 1, Proc: ProcMsg}, 7))
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		c := &serverConn{s: &Responder{cfg: ResponderConfig{MaxVersion: Version2}}, bcPending: make(map[uint32]chan []byte)}
+		ch := make(chan []byte, 1)
+		c.bcPending[7] = ch
+		took := c.backwardReply(msg)
+		select {
+		case got := <-ch:
+			if !took {
+				t.Fatal("a waiting call got a message backwardReply did not take")
+			}
+			if got != nil {
+				if mt, ok := oncrpc.MessageType(got); !ok || mt != oncrpc.MsgReply {
+					t.Fatalf("a backward call got a message that is not an RPC reply: %x", got)
+				}
+			}
+		default:
+		}
+	})
+}
