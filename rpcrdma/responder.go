@@ -764,43 +764,6 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 	return c.postSend(op, inv, e.Bytes(), head, tail)
 }
 
-// segsString and chunksString format segments as %v does, from a copy:
-// arguments given to a formatter escape, and the reply's segments live
-// on the stack.
-func segsString(segs []Segment) string {
-	return fmt.Sprint(append([]Segment(nil), segs...))
-}
-
-func chunksString(chunks [][]Segment) string {
-	cp := make([][]Segment, len(chunks))
-	for i, w := range chunks {
-		cp[i] = append([]Segment(nil), w...)
-	}
-	return fmt.Sprint(cp)
-}
-
-// singleSTag returns the one STag the call exposed for the reply, if it
-// exposed exactly one (the condition knfsd uses for Send With Invalidate).
-func (c *serverConn) singleSTag(h *Header) (uint32, bool) {
-	var stag uint32
-	n := 0
-	add := func(s uint32) {
-		if n == 0 || s != stag {
-			stag = s
-			n++
-		}
-	}
-	for _, w := range h.Writes {
-		for _, s := range w {
-			add(s.Handle)
-		}
-	}
-	for _, s := range h.Reply {
-		add(s.Handle)
-	}
-	return stag, n == 1
-}
-
 func (c *serverConn) sendError(call *Header, code uint32) {
 	// RFC 8166 s5.1: an RDMA_ERROR echoes the version of the message
 	// it answers; ERR_VERS carries the range we serve.
