@@ -165,6 +165,13 @@ func runRelay(cctx *cli.Context) error {
 	if cats != 0 {
 		tr = trace.New(logw, cats)
 	}
+	// Fail fast on a server that is not there; each client connection
+	// dials its own connection later.
+	nc, err := net.DialTimeout("tcp", cfg.to, serverDialWait)
+	if err != nil {
+		return exitf(exitServer, err, "cannot reach NFS server %s: %v", cfg.to, err)
+	}
+	nc.Close()
 	prov, desc, remInv, closeProv, err := relayProvider(cfg.rdmadev)
 	if err != nil {
 		return exitf(exitServer, err, "%v", err)
@@ -388,7 +395,7 @@ func (b backwardRelay) HandleCall(msg []byte) []byte {
 	return reply
 }
 
-// writeRelayStats writes the relay's report.
+// writeStats writes the relay's report.
 func (r *relay) writeStats(w io.Writer) {
 	s := r.resp.Stats()
 	fmt.Fprintf(w, "pid: %d\n", os.Getpid())

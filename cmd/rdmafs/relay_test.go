@@ -317,3 +317,30 @@ func TestRelayServerConnectionLost(t *testing.T) {
 		t.Errorf("%d connections open, want the mount's new one alone", n)
 	}
 }
+
+// TestRelayUsage: the relay's command line is checked before it serves:
+// no server is bad usage (exit 1), a server that does not answer is exit
+// 4, each with one line saying why.
+func TestRelayUsage(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"relay"}, exitUsage, "--to"},
+		{[]string{"relay", "--to", "127.0.0.1:2049", "--rdmavers", "3"}, exitUsage, "--rdmavers 3"},
+		{[]string{"relay", "--to", "127.0.0.1:2049", "--credits", "0"}, exitUsage, "--credits 0"},
+		{[]string{"relay", "--listen", "127.0.0.1:0", "--to", closed}, exitServer, "cannot reach NFS server " + closed},
+	} {
+		out, code := runBin(t, time.Minute, c.args...)
+		if code != c.code || !strings.Contains(out, c.says) {
+			t.Errorf("rdmafs %s: exit %d, want %d saying %q:\n%s", strings.Join(c.args, " "), code, c.code, c.says, out)
+		}
+	}
+}
