@@ -107,6 +107,9 @@ func (s *Responder) OptionalErrors() uint64 { return s.optErrors.Load() }
 
 // Listen starts a responder on addr ("127.0.0.1:0" for a free port).
 func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
+	if cfg.Handler == nil && cfg.NewConn == nil {
+		return nil, errors.New("rpcrdma: listen: a responder needs a Handler or NewConn")
+	}
 	if cfg.Credits <= 0 {
 		cfg.Credits = 32
 	}
