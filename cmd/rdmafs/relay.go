@@ -88,7 +88,7 @@ EXAMPLES:
 			&cli.DurationFlag{Name: "read-timeout", Value: 30 * time.Second, Usage: "close a connection that leaves an RDMA Read unanswered this long"},
 			&cli.DurationFlag{Name: "call-timeout", Value: time.Minute, Usage: "drop a call the server has not answered within this time"},
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "on SIGTERM, how long calls in progress may take to finish"},
-			&cli.StringFlag{Name: "v", Usage: "trace `CATEGORIES` (comma separated: rpc, rdma, mr, verbs, or all), one line per event, to stderr or --log", DefaultText: "none"},
+			&cli.StringFlag{Name: "v", Usage: "trace `CATEGORIES` (comma separated: rpc for connections, server connections and callbacks, rdma for every message the responder handles, or all), one line per event, to stderr or --log", DefaultText: "none"},
 			&cli.StringFlag{Name: "log", Usage: "write traces and errors to `FILE` instead of stderr"},
 		},
 		Action: runRelay,
