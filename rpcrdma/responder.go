@@ -309,34 +309,40 @@ func (s *Responder) acceptLoop() {
 			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars, handler: s.cfg.Handler,
 			bcSlots: make(chan struct{}, backwardSlots), bcPending: make(map[uint32]chan []byte)}
 		c.ctx, c.cancel = context.WithCancel(context.Background())
-		if s.cfg.NewConn != nil {
-			h, err := s.cfg.NewConn(&ResponderConn{c: c})
-			if err != nil {
-				c.tracef("refusing %v: %v", qp.RemoteAddr(), err)
-				s.stats.refused.Add(1)
-				qp.Close()
-				c.cancel()
-				for _, b := range cs.bufs {
-					c.putBuf(b, true)
-				}
-				continue
-			}
-			c.handler = h
-		}
-		s.stats.accepted.Add(1)
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
+		// NewConn runs on the connection's own goroutine: a handler slow
+		// to make (a relay dialing its server) holds up no other
+		// requester's accept. The requester's first messages wait in
+		// the receive buffers setupQP posted.
 		go func() {
 			defer s.wg.Done()
-			c.serve()
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-			if cl, ok := c.handler.(io.Closer); ok && s.cfg.NewConn != nil {
-				cl.Close()
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, c)
+				s.mu.Unlock()
+			}()
+			if s.cfg.NewConn != nil {
+				h, err := s.cfg.NewConn(&ResponderConn{c: c})
+				if err != nil {
+					c.tracef("refusing %v: %v", qp.RemoteAddr(), err)
+					s.stats.refused.Add(1)
+					qp.Close()
+					c.cancel()
+					for _, b := range cs.bufs {
+						c.putBuf(b, true)
+					}
+					return
+				}
+				c.handler = h
+				if cl, ok := h.(io.Closer); ok {
+					defer cl.Close()
+				}
 			}
+			s.stats.accepted.Add(1)
+			c.serve()
 		}()
 	}
 }

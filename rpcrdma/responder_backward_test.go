@@ -1,7 +1,9 @@
 package rpcrdma
 
 import (
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/internal/xdr"
@@ -123,4 +125,22 @@ func FuzzResponderBackwardReply(f *testing.F) {
 		default:
 		}
 	})
+}
+
+// TestResponderNewConnRefuses: a connection NewConn refuses is closed; the
+// requester's next connection, accepted, carries its calls.
+func TestResponderNewConnRefuses(t *testing.T) {
+	var n atomic.Int32
+	env := newEnv(t, Version1, ResponderConfig{NewConn: func(rc *ResponderConn) (oncrpc.CallHandler, error) {
+		if n.Add(1) == 1 {
+			return nil, errors.New("no server connection")
+		}
+		return echoHandler{}, nil
+	}}, Config{})
+	if err := env.echo(ctxMinute(t), []byte("after a refusal"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := env.resp.Stats(); st.Refused != 1 || st.Accepted != 1 || st.Connections != 1 {
+		t.Errorf("stats: refused %d, accepted %d, open %d; want 1, 1, 1", st.Refused, st.Accepted, st.Connections)
+	}
 }
