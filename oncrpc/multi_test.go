@@ -45,7 +45,7 @@ func serveEcho(t *testing.T, h CallHandler) string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		Serve(ln, h)
+		serveTCP(ln, h)
 	}()
 	t.Cleanup(func() {
 		ln.Close()

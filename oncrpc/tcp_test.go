@@ -407,7 +407,7 @@ func TestTCPSoftRidesOutRestart(t *testing.T) {
 			return
 		}
 		t.Cleanup(func() { ln.Close() })
-		Serve(ln, handlerFunc(func(m []byte) []byte {
+		serveTCP(ln, handlerFunc(func(m []byte) []byte {
 			ch, _, err := ParseCall(m)
 			if err != nil {
 				return nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/oncrpc/oncrpctest"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
@@ -144,7 +145,7 @@ func startBenchServers() (rdmaAddr, tcpAddr string, stop func(), err error) {
 		resp.Close()
 		return "", "", nil, err
 	}
-	go oncrpc.Serve(ln, echoHandler{bufs: &replyBufs{}})
+	go oncrpctest.Serve(ln, echoHandler{bufs: &replyBufs{}})
 	return resp.Addr(), ln.Addr().String(), func() {
 		resp.Close()
 		ln.Close()

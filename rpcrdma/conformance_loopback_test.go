@@ -153,12 +153,12 @@ func TestConformanceErrChunkNotRetried(t *testing.T) {
 func errChunkCall(t *testing.T, v int, payload string, act func(n uint32) Action) (*testEnv, *atomic.Uint32) {
 	t.Helper()
 	var bad, seen atomic.Uint32
-	env := newEnv(t, v, ResponderConfig{Filter: func(xid uint32, _ []byte) Action {
+	env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32, _ []byte) Action {
 		if xid != bad.Load() {
 			return Serve
 		}
 		return act(seen.Add(1))
-	}}, Config{})
+	}, Config{})
 	ctx := ctxMinute(t)
 	if err := env.echo(ctx, []byte("first"), nil); err != nil {
 		t.Fatal(err)
@@ -182,13 +182,13 @@ func TestConformanceAbandonedCallsFenced(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
 		var dropping atomic.Bool
 		arrived := make(chan uint32, 16)
-		env := newEnv(t, v, ResponderConfig{Filter: func(xid uint32, _ []byte) Action {
+		env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32, _ []byte) Action {
 			if dropping.Load() {
 				arrived <- xid
 				return DropCall
 			}
 			return Serve
-		}}, Config{})
+		}, Config{})
 		if err := env.echo(ctxMinute(t), []byte("first"), nil); err != nil {
 			t.Fatal(err)
 		}

@@ -150,6 +150,13 @@ type testEnv struct {
 // falls back to version 1 (v2 draft s5.2), so every test also covers that.
 func newEnv(t *testing.T, v int, rcfg ResponderConfig, ccfg Config) *testEnv {
 	t.Helper()
+	return newEnvWith(t, v, rcfg, ccfg, nil)
+}
+
+// newEnvWith is newEnv; prepare, if not nil, sees the responder before
+// the requester is made.
+func newEnvWith(t *testing.T, v int, rcfg ResponderConfig, ccfg Config, prepare func(*Responder)) *testEnv {
+	t.Helper()
 	rcfg.MaxVersion = v
 	if v == Version2 {
 		rcfg.XChars, ccfg.XChars = true, true
@@ -178,6 +185,9 @@ func newEnv(t *testing.T, v int, rcfg ResponderConfig, ccfg Config) *testEnv {
 	resp, err := Listen("127.0.0.1:0", rcfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(resp)
 	}
 	ccfg.Provider = &iwarp.Provider{}
 	tr := NewTransport(resp.Addr(), ccfg)
@@ -418,12 +428,12 @@ func TestResponderCreditLimit(t *testing.T) {
 func TestResponderErrChunkFailsOnlyItsCall(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
 		var bad atomic.Uint32
-		env := newEnv(t, v, ResponderConfig{Filter: func(xid uint32, call []byte) Action {
+		env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32, call []byte) Action {
 			if xid == bad.Load() {
 				return RejectCall
 			}
 			return Serve
-		}}, Config{})
+		}, Config{})
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := env.echo(ctx, []byte("warm"), nil); err != nil {
@@ -458,13 +468,13 @@ func TestResponderReconnectDuringReads(t *testing.T) {
 				<-cut
 			}
 		}
-		env := newEnv(t, v, ResponderConfig{Handler: echoHandler{wait: hold}, Filter: func(uint32, []byte) Action {
+		env := newFaultEnv(t, v, ResponderConfig{Handler: echoHandler{wait: hold}}, func(uint32, []byte) Action {
 			if calls.Add(1) == 20 {
 				close(cut)
 				return Disconnect
 			}
 			return Serve
-		}}, Config{})
+		}, Config{})
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,24 +17,21 @@ import (
 	"github.com/rdmafs/rdmafs/verbs"
 )
 
-// Action is what a responder's Filter decides for one call.
-type Action int
-
-// Filter actions, for fault injection in tests.
-const (
-	Serve      Action = iota // handle the call normally
-	RejectCall               // answer RDMA_ERROR / ERR_CHUNK
-	DropCall                 // never answer
-	Disconnect               // break the connection
-)
-
 // ResponderConfig configures a Responder.
 type ResponderConfig struct {
 	// Provider makes the listener (iwarp.Provider for iWARP).
 	Provider verbs.Provider
 	// Handler serves each RPC call (the whole call message, chunks
-	// already pulled in) and returns the whole reply message.
+	// already pulled in) and returns the whole reply message, or nil to
+	// send none.
 	Handler oncrpc.CallHandler
+	// NewConn, if set, makes the handler of each accepted connection in
+	// place of Handler: a relay gives each requester a server connection
+	// of its own, over which the server's backward calls reach that
+	// requester alone (ResponderConn.Call). If the handler is an
+	// io.Closer, it is closed once the connection has ended. An error
+	// refuses the connection.
+	NewConn func(rc *ResponderConn) (oncrpc.CallHandler, error)
 	// Credits is the grant sent in every reply. Zero means 32.
 	Credits int
 	// InlineSend and InlineRecv are our inline thresholds. Zero means
@@ -47,8 +45,6 @@ type ResponderConfig struct {
 	// RemoteInvalidate lets the responder use Send With Invalidate when
 	// the requester accepts it and the call exposed exactly one STag.
 	RemoteInvalidate bool
-	// Filter, if set, sees each call and may inject a fault.
-	Filter func(xid uint32, call []byte) Action
 	// MaxVersion is the highest RPC-over-RDMA version served: 1 (the
 	// default) answers version-2 calls with ERR_VERS 1..1 as knfsd does;
 	// 2 serves version 2 (draft-cel-nfsv4-rpcrdma-version-two).
@@ -73,8 +69,9 @@ type ResponderConfig struct {
 
 // Responder is the server side of RPC-over-RDMA: it accepts connections,
 // pulls in Read chunks, calls the handler, and returns replies inline or
-// through Write and Reply chunks. It serves as the version-1 peer in tests
-// and can relay to an NFS server over TCP.
+// through Write and Reply chunks; it sends backward calls to requesters
+// (RFC 8167). "rdmafs relay" puts it in front of a TCP NFS server; tests
+// use it as the peer whose behaviour they control.
 type Responder struct {
 	cfg  ResponderConfig
 	ln   verbs.Listener
@@ -93,6 +90,13 @@ type Responder struct {
 	maxInFlight atomic.Int64
 	sendInvs    atomic.Uint64
 	optErrors   atomic.Uint64 // RDMA_ERRORs sent for RDMA_OPTIONALs
+	stats       responderCounters
+
+	// intercept, when set, sees each call once its chunks are pulled in
+	// and reports whether it took the call over. Only this package's
+	// tests set it, to inject faults a real requester cannot
+	// (export_test.go); it is nil in every program.
+	intercept atomic.Pointer[func(c *serverConn, h *Header, call []byte, leave func()) bool]
 }
 
 // SendInvalidates returns how many replies used Send With Invalidate.
@@ -103,6 +107,9 @@ func (s *Responder) OptionalErrors() uint64 { return s.optErrors.Load() }
 
 // Listen starts a responder on addr ("127.0.0.1:0" for a free port).
 func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
+	if cfg.Handler == nil && cfg.NewConn == nil {
+		return nil, errors.New("rpcrdma: listen: a responder needs a Handler or NewConn")
+	}
 	if cfg.Credits <= 0 {
 		cfg.Credits = 32
 	}
@@ -128,7 +135,7 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 	// Each half of the share (responder_limits.go) holds at least the
 	// largest buffer asked of it at once beside the receive buffers: a
 	// call rebuilt in one slab chunk, or a wait for it could never end.
-	cfg.ConnMemory = max(cfg.ConnMemory, 2*(mrcache.ChunkSize+int64(cfg.Credits+4)*int64(cfg.MaxRecv)))
+	cfg.ConnMemory = max(cfg.ConnMemory, 2*(mrcache.ChunkSize+int64(recvCount(cfg.Credits))*int64(cfg.MaxRecv)))
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = defaultReadTimeout
 	}
@@ -178,6 +185,38 @@ func (s *Responder) Close() error {
 	return err
 }
 
+// Shutdown stops accepting connections, waits until no connection has a
+// call in progress or ctx ends, and then closes every connection (Close).
+// Replies already handed to the queue pairs may be flushed by the close;
+// the requesters retransmit those calls after they reconnect.
+func (s *Responder) Shutdown(ctx context.Context) error {
+	lerr := s.ln.Close()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for s.busy() {
+		select {
+		case <-ctx.Done():
+			s.Close()
+			return fmt.Errorf("rpcrdma: responder shutdown: calls still in progress: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+	s.Close() // its listener's second Close fails, as it should
+	return lerr
+}
+
+// busy reports whether any connection has a call in progress.
+func (s *Responder) busy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		if c.inFlight.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // DropConnections breaks every connection, as a network failure would.
 func (s *Responder) DropConnections() {
 	s.mu.Lock()
@@ -199,7 +238,7 @@ type connSetup struct {
 func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	ctx, cancel := context.WithTimeout(context.Background(), setupWait)
 	defer cancel()
-	cs := &connSetup{bufs: make([][]byte, 0, s.cfg.Credits+4), mem: newConnBudget(s.cfg.ConnMemory / 2)}
+	cs := &connSetup{bufs: make([][]byte, 0, s.recvCount()), mem: newConnBudget(s.cfg.ConnMemory / 2)}
 	fail := func(err error) error {
 		for _, b := range cs.bufs {
 			_ = s.pool.Put(b)
@@ -267,18 +306,43 @@ func (s *Responder) acceptLoop() {
 		cs := v.(*connSetup)
 		c := &serverConn{s: s, qp: qp, recvBufs: cs.bufs, mem: cs.mem, out: newConnBudget(s.cfg.ConnMemory / 2), slots: make(chan struct{}, s.cfg.Credits),
 			privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
-			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars}
+			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars, handler: s.cfg.Handler,
+			bcSlots: make(chan struct{}, backwardSlots), bcPending: make(map[uint32]chan []byte)}
 		c.ctx, c.cancel = context.WithCancel(context.Background())
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
+		// NewConn runs on the connection's own goroutine: a handler slow
+		// to make (a relay dialing its server) holds up no other
+		// requester's accept. The requester's first messages wait in
+		// the receive buffers setupQP posted.
 		go func() {
 			defer s.wg.Done()
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, c)
+				s.mu.Unlock()
+			}()
+			if s.cfg.NewConn != nil {
+				h, err := s.cfg.NewConn(&ResponderConn{c: c})
+				if err != nil {
+					c.tracef("refusing %v: %v", qp.RemoteAddr(), err)
+					s.stats.refused.Add(1)
+					qp.Close()
+					c.cancel()
+					for _, b := range cs.bufs {
+						c.putBuf(b, true)
+					}
+					return
+				}
+				c.handler = h
+				if cl, ok := h.(io.Closer); ok {
+					defer cl.Close()
+				}
+			}
+			s.stats.accepted.Add(1)
 			c.serve()
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
 		}()
 	}
 }
@@ -289,6 +353,15 @@ type serverConn struct {
 	qp       verbs.QueuePair
 	privSend int  // version-1 send threshold from RFC 8797 private data
 	peerInv  bool // version 1: the requester accepts Send With Invalidate
+
+	handler oncrpc.CallHandler // ResponderConfig.Handler, or what NewConn made
+
+	// The backward direction (RFC 8167, responder_backward.go): calls
+	// we send, at most backwardSlots at once, waiting for their replies
+	// by XID.
+	bcSlots   chan struct{}
+	bcMu      sync.Mutex
+	bcPending map[uint32]chan []byte
 
 	recvBufs [][]byte       // posted by Responder.setupQP, owned by serve
 	recvSGL  [][1]verbs.SGE // by WRID: the scatter list of the posted buffer, owned by serve
@@ -312,12 +385,13 @@ type serverConn struct {
 	oldBufs   int        // posted buffers still smaller than growTo
 	growXID   uint32
 
-	inFlight atomic.Int64
-	sendMu   sync.Mutex // orders a reply's RDMA Writes before its Send
-	wr       atomic.Uint64
-	doneMu   sync.Mutex
-	onDone   map[uint64]wrDone // by WRID, run by sendLoop; guarded by doneMu
-	ended    bool              // the queue pair is closed and its completions run; guarded by doneMu
+	inFlight     atomic.Int64
+	readTimedOut atomic.Bool // a Read chunk went unanswered past ReadTimeout
+	sendMu       sync.Mutex  // orders a reply's RDMA Writes before its Send
+	wr           atomic.Uint64
+	doneMu       sync.Mutex
+	onDone       map[uint64]wrDone // by WRID, run by sendLoop; guarded by doneMu
+	ended        bool              // the queue pair is closed and its completions run; guarded by doneMu
 }
 
 func (c *serverConn) tracef(format string, args ...any) {
@@ -371,12 +445,16 @@ func (c *serverConn) serve() {
 			if c.repostRecv(w.WRID, bufs[w.WRID]) != nil {
 				return
 			}
+			if c.backwardReply(msg) {
+				continue // RFC 8167 s4: a reply takes no forward credit
+			}
 			if !c.enter() {
 				// RFC 8166 s3.3.1: the requester sent more than we
 				// granted; "the RDMA layer may signal an error,
 				// possibly terminating the connection". The grant
 				// bounds the calls in progress, so it is closed.
 				c.tracef("closing: a message beyond the %d calls in progress the grant allows", cap(c.slots))
+				c.s.stats.overruns.Add(1)
 				return
 			}
 			if len(msg) >= 16 && binary.BigEndian.Uint32(msg[12:]) == ProcOptional {
@@ -572,36 +650,30 @@ func (c *serverConn) handleCall(msg []byte, leave func()) {
 		return
 	}
 	if mt, ok := oncrpc.MessageType(msg[hlen:]); ok && mt == oncrpc.MsgReply && h.Proc == ProcMsg {
-		return // a reply to a backward call; this responder makes none
+		return // a reply to no backward call of ours (backwardReply took the others)
 	}
 	call, release, err := c.pullReadChunks(&h, msg[hlen:])
 	if err != nil {
 		c.tracef("xid=%#x: %v", h.XID, err)
+		c.s.stats.chunkErrors.Add(1)
 		leave()
 		c.sendError(&h, ErrChunk)
 		return
 	}
 	defer release()
-	if f := c.s.cfg.Filter; f != nil {
-		switch f(h.XID, call) {
-		case RejectCall:
-			leave()
-			c.sendError(&h, ErrChunk)
-			return
-		case DropCall:
-			return
-		case Disconnect:
-			c.qp.Close()
-			return
-		}
-	}
-	c.s.calls.Add(1)
-	reply := c.s.cfg.Handler.HandleCall(call)
-	if reply == nil {
+	c.s.stats.bytesIn.Add(uint64(len(call)))
+	if f := c.s.intercept.Load(); f != nil && (*f)(c, &h, call, leave) {
 		return
 	}
+	c.s.calls.Add(1)
+	reply := c.handler.HandleCall(call)
+	if reply == nil {
+		c.s.stats.unanswered.Add(1)
+		return
+	}
+	c.s.stats.bytesOut.Add(uint64(len(reply)))
 	var ref *replyRef
-	if r, ok := c.s.cfg.Handler.(oncrpc.ReplyReleaser); ok {
+	if r, ok := c.handler.(oncrpc.ReplyReleaser); ok {
 		ref = &replyRef{reply: reply, handler: r}
 		ref.hold()
 		defer ref.drop()
@@ -609,6 +681,7 @@ func (c *serverConn) handleCall(msg []byte, leave func()) {
 	leave()
 	if err := c.sendReply(&h, call, reply, ref); err != nil {
 		c.tracef("xid=%#x: reply: %v", h.XID, err)
+		c.s.stats.replyErrors.Add(1)
 		if errors.Is(err, ErrChunkRejected) {
 			leave()
 			c.sendError(&h, ErrChunk)
@@ -698,43 +771,6 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 		c.tracef("reply xid=%#x proc=%d inline=%d writes=%s reply=%s", call.XID, out.Proc, len(head)+len(tail), chunksString(out.Writes), segsString(out.Reply))
 	}
 	return c.postSend(op, inv, e.Bytes(), head, tail)
-}
-
-// segsString and chunksString format segments as %v does, from a copy:
-// arguments given to a formatter escape, and the reply's segments live
-// on the stack.
-func segsString(segs []Segment) string {
-	return fmt.Sprint(append([]Segment(nil), segs...))
-}
-
-func chunksString(chunks [][]Segment) string {
-	cp := make([][]Segment, len(chunks))
-	for i, w := range chunks {
-		cp[i] = append([]Segment(nil), w...)
-	}
-	return fmt.Sprint(cp)
-}
-
-// singleSTag returns the one STag the call exposed for the reply, if it
-// exposed exactly one (the condition knfsd uses for Send With Invalidate).
-func (c *serverConn) singleSTag(h *Header) (uint32, bool) {
-	var stag uint32
-	n := 0
-	add := func(s uint32) {
-		if n == 0 || s != stag {
-			stag = s
-			n++
-		}
-	}
-	for _, w := range h.Writes {
-		for _, s := range w {
-			add(s.Handle)
-		}
-	}
-	for _, s := range h.Reply {
-		add(s.Handle)
-	}
-	return stag, n == 1
 }
 
 func (c *serverConn) sendError(call *Header, code uint32) {

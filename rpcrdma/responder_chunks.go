@@ -132,7 +132,12 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 			case <-c.qp.Done():
 				return fmt.Errorf("RDMA Read: %w", c.qp.Err())
 			case <-timer.C:
-				c.tracef("closing: a Read chunk unanswered for %v", c.s.cfg.ReadTimeout)
+				if c.readTimedOut.CompareAndSwap(false, true) {
+					// Counted once per connection: its other calls'
+					// Reads time out with it.
+					c.tracef("closing: a Read chunk unanswered for %v", c.s.cfg.ReadTimeout)
+					c.s.stats.readTimeouts.Add(1)
+				}
 				c.qp.Close()
 				return fmt.Errorf("RDMA Read: unanswered for %v: connection closed", c.s.cfg.ReadTimeout)
 			}
@@ -213,4 +218,41 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref 
 		data = data[n:]
 	}
 	return nil
+}
+
+// segsString and chunksString format segments as %v does, from a copy:
+// arguments given to a formatter escape, and the reply's segments live
+// on the stack.
+func segsString(segs []Segment) string {
+	return fmt.Sprint(append([]Segment(nil), segs...))
+}
+
+func chunksString(chunks [][]Segment) string {
+	cp := make([][]Segment, len(chunks))
+	for i, w := range chunks {
+		cp[i] = append([]Segment(nil), w...)
+	}
+	return fmt.Sprint(cp)
+}
+
+// singleSTag returns the one STag the call exposed for the reply, if it
+// exposed exactly one (the condition knfsd uses for Send With Invalidate).
+func (c *serverConn) singleSTag(h *Header) (uint32, bool) {
+	var stag uint32
+	n := 0
+	add := func(s uint32) {
+		if n == 0 || s != stag {
+			stag = s
+			n++
+		}
+	}
+	for _, w := range h.Writes {
+		for _, s := range w {
+			add(s.Handle)
+		}
+	}
+	for _, s := range h.Reply {
+		add(s.Handle)
+	}
+	return stag, n == 1
 }

@@ -152,7 +152,7 @@ func (c *serverConn) answerReqXch(m ReqXch, xid uint32) RespXch {
 		case int(want.RBSize) > c.s.cfg.MaxRecv || c.growTo != 0:
 			return xchRej
 		}
-		c.growTo, c.oldBufs, c.growXID = int(want.RBSize), c.s.cfg.Credits+4, xid
+		c.growTo, c.oldBufs, c.growXID = int(want.RBSize), c.s.recvCount(), xid
 		return xchPend
 	})
 }

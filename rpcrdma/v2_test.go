@@ -116,13 +116,13 @@ func TestV2LossAfterErrVersStartsAtV1(t *testing.T) {
 	// V2-5.2-b: the connection drops right after ERR_VERS; the next
 	// connection starts at version 1 with no second probe.
 	var n int
-	env := newEnv(t, Version1, ResponderConfig{Filter: func(uint32, []byte) Action {
+	env := newFaultEnv(t, Version1, ResponderConfig{}, func(uint32, []byte) Action {
 		n++
 		if n == 1 {
 			return Disconnect
 		}
 		return Serve
-	}}, Config{})
+	}, Config{})
 	if err := env.echo(ctxMinute(t), []byte("x"), nil); err != nil {
 		t.Fatal(err)
 	}

@@ -86,6 +86,10 @@ if [ "${DEPS_SKIP_KPEER:-0}" = 1 ]; then
   say "DEPS_SKIP_KPEER=1: not building the kpeer guest"
 else
   say "building the kpeer guest (test/kpeer/run.sh, KPEER_BUILD_ONLY=1)"
-  KPEER_BUILD_ONLY=1 "$ROOT/test/kpeer/run.sh" || fail "kpeer guest build (test/kpeer/run.sh)"
+  # With the kernel NFS client's modules, which cmd/rdmafs's
+  # TestRelayKernelClient boots a guest with (kernelClientMods there, and
+  # bench-kernel.sh: the same list, so one cached cpio).
+  KPEER_BUILD_ONLY=1 KPEER_EXTRA_MODS="nfsv4 nfs rdma_rxe ib_uverbs rdma_ucm fuse crc32_generic" \
+    "$ROOT/test/kpeer/run.sh" || fail "kpeer guest build (test/kpeer/run.sh)"
 fi
 say "done"

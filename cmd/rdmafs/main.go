@@ -1,9 +1,11 @@
 // Command rdmafs mounts an NFSv4.1 export through FUSE, over TCP or
-// RPC-over-RDMA, and reports the statistics of a running mount.
+// RPC-over-RDMA, and reports the statistics of a running mount; it also
+// relays RPC-over-RDMA to a TCP NFS server.
 //
 //	rdmafs mount server:/export /mnt
 //	rdmafs stats /mnt
 //	rdmafs umount /mnt
+//	rdmafs relay --listen :20049 --to server:2049
 //
 // Installed as mount.rdmafs (or mount.fuse.rdmafs), it follows mount(8)'s
 // helper convention, so an fstab line works:
@@ -84,6 +86,7 @@ EXAMPLES:
    rdmafs mount -f -v nfs,fuse server:/ /mnt
    rdmafs stats /mnt
    rdmafs umount /mnt
+   rdmafs relay --to nfs1:2049      # RPC-over-RDMA on :20049 to TCP nfs1:2049
 
 Run "rdmafs COMMAND --help" for a command's options and exit codes.
 
@@ -94,9 +97,10 @@ ENVIRONMENT:
                      $XDG_RUNTIME_DIR/rdmafs (else /tmp/rdmafs-UID)
 
 EXIT STATUS:
-   0 success; 1 bad usage; 2 to 5 and 32: see "rdmafs mount --help".`,
+   0 success; 1 bad usage; 2 to 5 and 32: see "rdmafs mount --help" and
+   "rdmafs relay --help".`,
 		HideHelpCommand: true,
-		Commands:        []*cli.Command{mountCommand(), umountCommand(), statsCommand()},
+		Commands:        []*cli.Command{mountCommand(), umountCommand(), statsCommand(), relayCommand()},
 		ExitErrHandler:  func(*cli.Context, error) {}, // main reports errors
 	}
 }

@@ -124,12 +124,11 @@ func trustedDir(d string, uid int) bool {
 	return fi.Mode().Perm()&0o022 == 0
 }
 
-// statsSocketCandidates returns where the stats socket of the mount on
-// dir may be, in the order to try: $RDMAFS_RUN_DIR only, when set; else
-// root's place, this user's places and the places of the user who made
-// the mount.
-func statsSocketCandidates(dir string) []string {
-	name := socketName(dir)
+// socketCandidates returns where the socket name may be, in the order to
+// try: $RDMAFS_RUN_DIR only, when set; else root's place, this user's
+// places and, when dir is a mount's directory (not "": a relay's socket
+// has no mount), the places of the user who made that mount.
+func socketCandidates(name, dir string) []string {
 	if d := os.Getenv(runDirEnv); d != "" {
 		return []string{filepath.Join(d, name)}
 	}
@@ -143,7 +142,7 @@ func statsSocketCandidates(dir string) []string {
 			places = append(places, place{d, uid})
 		}
 	}
-	if owner, ok := mountUserID(dir); ok && owner != 0 && owner != os.Geteuid() {
+	if owner, ok := mountUserID(dir); dir != "" && ok && owner != 0 && owner != os.Geteuid() {
 		// That user's XDG_RUNTIME_DIR is not known here; systemd's is
 		// /run/user/UID.
 		xdg := filepath.Join("/run/user", strconv.Itoa(owner))
@@ -166,7 +165,13 @@ func statsSocketCandidates(dir string) []string {
 // dialStats connects to the stats socket of the mount on dir, wherever
 // its serving process made it.
 func dialStats(dir string, timeout time.Duration) (net.Conn, error) {
-	cands := statsSocketCandidates(dir)
+	return dialSocket(socketName(dir), dir, timeout)
+}
+
+// dialSocket connects to the socket name in the first place of
+// socketCandidates(name, dir) that has it.
+func dialSocket(name, dir string, timeout time.Duration) (net.Conn, error) {
+	cands := socketCandidates(name, dir)
 	var dirs []string
 	var last error
 	for _, p := range cands {
@@ -185,7 +190,7 @@ func dialStats(dir string, timeout time.Duration) (net.Conn, error) {
 	if len(dirs) == 0 {
 		return nil, fmt.Errorf("no stats directory (%s, or the user's %s)", rootRunDir, strings.Join(userRunDirs(os.Geteuid(), os.Getenv("XDG_RUNTIME_DIR")), " or "))
 	}
-	return nil, fmt.Errorf("no stats socket %s in %s", socketName(dir), strings.Join(dirs, ", "))
+	return nil, fmt.Errorf("no stats socket %s in %s", name, strings.Join(dirs, ", "))
 }
 
 // mountUserID returns the user_id option of the FUSE mount on dir: the

@@ -170,8 +170,8 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func statsCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "stats",
-		Usage:     "print the statistics of a running mount",
-		ArgsUsage: "/mountpoint",
+		Usage:     "print the statistics of a running mount or relay",
+		ArgsUsage: "/mountpoint | --relay PORT",
 		Description: `Asks the process serving the mount, over a unix socket, for its
 statistics: per NFS operation the count, errors, bytes sent, average and
 99th percentile latency; retransmissions and session recoveries; FUSE
@@ -192,16 +192,29 @@ made by other users; HASH is a hash of the mountpoint. "rdmafs stats"
 looks in root's, its own user's and the mount owner's places.
 RDMAFS_RUN_DIR, when set, replaces all of them.
 
+With --relay PORT it prints instead the counters of the "rdmafs relay"
+listening on PORT (its socket is relay-PORT.sock in the same places):
+connections open, accepted and refused; calls, bytes, calls the server
+did not answer; callbacks relayed to clients; errors (chunks, replies,
+clients exceeding their credits or leaving RDMA Reads unanswered, broken
+server connections); its limits; and a line per connection.
+
 EXIT STATUS:
-   0 printed; 1 bad usage, or no rdmafs mount on the directory.
+   0 printed; 1 bad usage, or no rdmafs mount on the directory (no relay
+   on the port).
 
 EXAMPLES:
    rdmafs stats /mnt
+   rdmafs stats --relay 20049
    rdmafs stats --stacks /mnt > rdmafs-stacks.txt`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "stacks", Usage: "print every goroutine's stack instead of the statistics"},
+			&cli.StringFlag{Name: "relay", Usage: "print the statistics of the rdmafs relay on `PORT` instead of a mount's"},
 		},
 		Action: func(cctx *cli.Context) error {
+			if port := cctx.String("relay"); port != "" {
+				return printRelayStats(port)
+			}
 			if cctx.NArg() != 1 {
 				return exitf(exitUsage, nil, "usage: rdmafs stats /mountpoint")
 			}
@@ -225,6 +238,17 @@ EXAMPLES:
 			return err
 		},
 	}
+}
+
+// printRelayStats prints the statistics of the relay on port.
+func printRelayStats(port string) error {
+	conn, err := dialRelayStats(port, 5*time.Second)
+	if err != nil {
+		return exitf(exitUsage, err, "no rdmafs relay on port %s (%v)", port, err)
+	}
+	defer conn.Close()
+	_, err = io.Copy(os.Stdout, conn)
+	return err
 }
 
 // servingPID asks the mount on dir for the PID of its serving process.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/oncrpc/oncrpctest"
 	"github.com/rdmafs/rdmafs/rpcrdma"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
@@ -64,7 +65,7 @@ func startTCPRelay(tcpAddr string) (string, func(), error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		oncrpc.Serve(ln, oncrpc.Relay(tcp, time.Minute))
+		oncrpctest.Serve(ln, oncrpc.Relay(tcp, time.Minute))
 	}()
 	return ln.Addr().String(), func() {
 		ln.Close()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/oncrpc/oncrpctest"
 )
 
 // TestMain makes the test binary a relay process when startRelayProcess
@@ -44,7 +45,7 @@ func TestRelayProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() { served <- oncrpc.Serve(ln, echoServer{}) }()
+	go func() { served <- oncrpctest.Serve(ln, echoServer{}) }()
 	defer func() {
 		ln.Close()
 		<-served

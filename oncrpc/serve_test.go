@@ -9,11 +9,12 @@ import (
 	"time"
 )
 
-// Serve answers RPC calls arriving on ln with h, over TCP record marking,
+// serveTCP answers RPC calls arriving on ln with h, over TCP record marking,
 // until ln is closed. Calls on one connection are served concurrently and
 // their replies written whole. It is the TCP counterpart of the
-// RPC-over-RDMA responder, for tests and benchmarks.
-func Serve(ln net.Listener, h CallHandler) error {
+// RPC-over-RDMA responder, for this package's tests (others use
+// oncrpctest.Serve, which cannot be imported here).
+func serveTCP(ln net.Listener, h CallHandler) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
