@@ -38,7 +38,7 @@ func mountDelegating(t *testing.T, addr, export string) (string, *fuse.Mount) {
 	if os.Getenv("RDMAFS_URING") == "on" {
 		opts.URing = fuse.URingOn // make test's second pass
 	}
-	m, err := fuse.Serve(ctx, c, dir, opts)
+	m, err := fuse.Serve(ctx, fuse.NFSClient(c), dir, opts)
 	if err != nil {
 		c.Close(ctx)
 		t.Fatalf("mount through the relay: %v", err)
