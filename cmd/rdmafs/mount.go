@@ -205,11 +205,9 @@ func runMount(cctx *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cats := trace.Category(0)
-	if v := cctx.String("v"); v != "" {
-		if cats, err = trace.Parse(v); err != nil {
-			return exitf(exitUsage, err, "-v %s: %v", v, err)
-		}
+	cats, err := traceCategories(cctx)
+	if err != nil {
+		return err
 	}
 	if o.Remount {
 		return remount(o)
@@ -230,15 +228,11 @@ func runMount(cctx *cli.Context) error {
 		}
 		return spawnDaemon(cctx.App.Metadata["args"].([]string), cats != 0 && logFile == "")
 	}
-	var logw io.Writer = os.Stderr
-	if logFile != "" {
-		f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			return exitf(exitUsage, err, "--log: %v", err)
-		}
-		defer f.Close()
-		logw = f
+	logw, closeLog, err := openLog(logFile)
+	if err != nil {
+		return err
 	}
+	defer closeLog()
 	background := os.Getenv(daemonEnv) != "" // daemonNotifier unsets it
 	if background {
 		// Relative paths (--log) are resolved; now leave the caller's

@@ -146,21 +146,15 @@ func runRelay(cctx *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cats := trace.Category(0)
-	if v := cctx.String("v"); v != "" {
-		if cats, err = trace.Parse(v); err != nil {
-			return exitf(exitUsage, err, "-v %s: %v", v, err)
-		}
+	cats, err := traceCategories(cctx)
+	if err != nil {
+		return err
 	}
-	var logw io.Writer = os.Stderr
-	if f := cctx.String("log"); f != "" {
-		lf, err := os.OpenFile(f, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			return exitf(exitUsage, err, "--log: %v", err)
-		}
-		defer lf.Close()
-		logw = lf
+	logw, closeLog, err := openLog(cctx.String("log"))
+	if err != nil {
+		return err
 	}
+	defer closeLog()
 	var tr *trace.Tracer
 	if cats != 0 {
 		tr = trace.New(logw, cats)
