@@ -78,7 +78,9 @@ with -o rdmadev: rdma-core (libibverbs and librdmacm) on an RDMA device
 (mlx5_0, rxe0, siw0; the default where /sys/class/infiniband lists a
 device, taking the first with an active port), and iwarp-go, a pure-Go
 iWARP provider over TCP that needs no RDMA hardware (the default
-otherwise).
+otherwise). "rdmafs relay" puts RPC-over-RDMA in front of an NFS server
+that speaks only TCP. The same client is a Go library, package
+github.com/rdmafs/rdmafs/nfs.
 
 EXAMPLES:
    rdmafs mount server:/export /mnt       # background; returns when mounted
