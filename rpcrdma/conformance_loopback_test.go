@@ -139,7 +139,7 @@ func TestConformanceReceivesKeepUp(t *testing.T) {
 // the call is not transmitted again (RFC 8166 s4.5).
 func TestConformanceErrChunkNotRetried(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
-		_, seen := errChunkCall(t, v, "rejected", func(uint32) Action { return RejectCall })
+		_, seen := errChunkCall(t, v, "rejected", func(uint32) fault { return overflowReply })
 		if n := seen.Load(); n != 1 {
 			t.Fatalf("the rejected call reached the responder %d times", n)
 		}
@@ -147,15 +147,15 @@ func TestConformanceErrChunkNotRetried(t *testing.T) {
 }
 
 // errChunkCall makes a call on a fresh environment whose responder
-// answers its n-th arrival as act(n) says and serves every other call,
-// and requires it to end in ERR_CHUNK. It returns the environment and
-// how often the call reached the responder.
-func errChunkCall(t *testing.T, v int, payload string, act func(n uint32) Action) (*testEnv, *atomic.Uint32) {
+// handler meets its n-th arrival with the fault act(n) and serves every
+// other call, and requires it to end in ERR_CHUNK. It returns the
+// environment and how often the call reached the handler.
+func errChunkCall(t *testing.T, v int, payload string, act func(n uint32) fault) (*testEnv, *atomic.Uint32) {
 	t.Helper()
 	var bad, seen atomic.Uint32
-	env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32, _ []byte) Action {
+	env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32) fault {
 		if xid != bad.Load() {
-			return Serve
+			return serveCall
 		}
 		return act(seen.Add(1))
 	}, Config{})
@@ -182,12 +182,12 @@ func TestConformanceAbandonedCallsFenced(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
 		var dropping atomic.Bool
 		arrived := make(chan uint32, 16)
-		env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32, _ []byte) Action {
+		env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32) fault {
 			if dropping.Load() {
 				arrived <- xid
-				return DropCall
+				return dropCall
 			}
-			return Serve
+			return serveCall
 		}, Config{})
 		if err := env.echo(ctxMinute(t), []byte("first"), nil); err != nil {
 			t.Fatal(err)
@@ -245,11 +245,11 @@ func TestConformanceAbandonedCallsFenced(t *testing.T) {
 // sent a third time (RFC 8166 s4.5.3).
 func TestConformanceErrChunkAfterReconnect(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
-		env, seen := errChunkCall(t, v, "lost, then refused", func(n uint32) Action {
+		env, seen := errChunkCall(t, v, "lost, then refused", func(n uint32) fault {
 			if n == 1 {
-				return Disconnect
+				return hangUp
 			}
-			return RejectCall
+			return overflowReply
 		})
 		if err := env.echo(ctxMinute(t), []byte("after"), nil); err != nil {
 			t.Fatal(err)

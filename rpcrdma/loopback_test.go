@@ -150,13 +150,6 @@ type testEnv struct {
 // falls back to version 1 (v2 draft s5.2), so every test also covers that.
 func newEnv(t *testing.T, v int, rcfg ResponderConfig, ccfg Config) *testEnv {
 	t.Helper()
-	return newEnvWith(t, v, rcfg, ccfg, nil)
-}
-
-// newEnvWith is newEnv; prepare, if not nil, sees the responder before
-// the requester is made.
-func newEnvWith(t *testing.T, v int, rcfg ResponderConfig, ccfg Config, prepare func(*Responder)) *testEnv {
-	t.Helper()
 	rcfg.MaxVersion = v
 	if v == Version2 {
 		rcfg.XChars, ccfg.XChars = true, true
@@ -185,9 +178,6 @@ func newEnvWith(t *testing.T, v int, rcfg ResponderConfig, ccfg Config, prepare 
 	resp, err := Listen("127.0.0.1:0", rcfg)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if prepare != nil {
-		prepare(resp)
 	}
 	ccfg.Provider = &iwarp.Provider{}
 	tr := NewTransport(resp.Addr(), ccfg)
@@ -428,11 +418,11 @@ func TestResponderCreditLimit(t *testing.T) {
 func TestResponderErrChunkFailsOnlyItsCall(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
 		var bad atomic.Uint32
-		env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32, call []byte) Action {
+		env := newFaultEnv(t, v, ResponderConfig{}, func(xid uint32) fault {
 			if xid == bad.Load() {
-				return RejectCall
+				return overflowReply
 			}
-			return Serve
+			return serveCall
 		}, Config{})
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -459,8 +449,8 @@ func TestResponderErrChunkFailsOnlyItsCall(t *testing.T) {
 func TestResponderReconnectDuringReads(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v int) {
 		// Calls 2 to 19 are held in the handler (the first one's reply
-		// grants 32 credits) until the 20th arrives and the responder
-		// drops the connection: they are in flight when it breaks.
+		// grants 32 credits) until the 20th arrives and the handler
+		// closes the connection: they are in flight when it breaks.
 		var calls atomic.Int32
 		cut := make(chan struct{})
 		hold := func() {
@@ -468,12 +458,12 @@ func TestResponderReconnectDuringReads(t *testing.T) {
 				<-cut
 			}
 		}
-		env := newFaultEnv(t, v, ResponderConfig{Handler: echoHandler{wait: hold}}, func(uint32, []byte) Action {
+		env := newFaultEnv(t, v, ResponderConfig{Handler: echoHandler{wait: hold}}, func(uint32) fault {
 			if calls.Add(1) == 20 {
 				close(cut)
-				return Disconnect
+				return hangUp
 			}
-			return Serve
+			return serveCall
 		}, Config{})
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

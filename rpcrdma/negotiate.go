@@ -199,16 +199,6 @@ func (n *negotiation) commit(h *Header, v verdict) {
 	}
 }
 
-// reply classifies and commits a reply (tests walk the state machine
-// with it).
-func (n *negotiation) reply(h *Header, isProbe bool) verdict {
-	v := n.classify(h, isProbe)
-	if v != dropReply {
-		n.commit(h, v)
-	}
-	return v
-}
-
 // params returns the version and send threshold for the next message.
 func (c *conn) params() (uint32, int) {
 	c.mu.Lock()

@@ -2,6 +2,17 @@ package rpcrdma
 
 import "testing"
 
+// reply classifies and commits a reply as conn.receiveReply does for one
+// that passes its checks (reply.go), so that a test walks the state
+// machine without a connection.
+func (n *negotiation) reply(h *Header, isProbe bool) verdict {
+	v := n.classify(h, isProbe)
+	if v != dropReply {
+		n.commit(h, v)
+	}
+	return v
+}
+
 // TestNegotiationReplies walks the requester's version state machine
 // through the cases of v2 draft s5 (checklist V2-5.*).
 func TestNegotiationReplies(t *testing.T) {

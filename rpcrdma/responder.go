@@ -91,12 +91,6 @@ type Responder struct {
 	sendInvs    atomic.Uint64
 	optErrors   atomic.Uint64 // RDMA_ERRORs sent for RDMA_OPTIONALs
 	stats       responderCounters
-
-	// intercept, when set, sees each call once its chunks are pulled in
-	// and reports whether it took the call over. Only this package's
-	// tests set it, to inject faults a real requester cannot
-	// (export_test.go); it is nil in every program.
-	intercept atomic.Pointer[func(c *serverConn, h *Header, call []byte, leave func()) bool]
 }
 
 // SendInvalidates returns how many replies used Send With Invalidate.
@@ -662,9 +656,6 @@ func (c *serverConn) handleCall(msg []byte, leave func()) {
 	}
 	defer release()
 	c.s.stats.bytesIn.Add(uint64(len(call)))
-	if f := c.s.intercept.Load(); f != nil && (*f)(c, &h, call, leave) {
-		return
-	}
 	c.s.calls.Add(1)
 	reply := c.handler.HandleCall(call)
 	if reply == nil {

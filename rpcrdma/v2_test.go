@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,13 +116,12 @@ func TestV2StrictAgainstV1Peer(t *testing.T) {
 func TestV2LossAfterErrVersStartsAtV1(t *testing.T) {
 	// V2-5.2-b: the connection drops right after ERR_VERS; the next
 	// connection starts at version 1 with no second probe.
-	var n int
-	env := newFaultEnv(t, Version1, ResponderConfig{}, func(uint32, []byte) Action {
-		n++
-		if n == 1 {
-			return Disconnect
+	var n atomic.Int32
+	env := newFaultEnv(t, Version1, ResponderConfig{}, func(uint32) fault {
+		if n.Add(1) == 1 {
+			return hangUp
 		}
-		return Serve
+		return serveCall
 	}, Config{})
 	if err := env.echo(ctxMinute(t), []byte("x"), nil); err != nil {
 		t.Fatal(err)
