@@ -31,8 +31,18 @@ func TestInvalidateStopsStalledPlacement(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := testCtx(t)
 			pd := NewProtectionDomain()
-			onPlace, placing := signal(nil)
-			qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, onPlace, nil))
+			var sc *starveConn
+			qp, peer := newScriptPeerConn(t, scriptParams(pd, 0, 0), func(c net.Conn) net.Conn {
+				var err error
+				if sc, err = newStarveConn(c); err != nil {
+					t.Error(err)
+					return c
+				}
+				return sc
+			})
+			if sc == nil {
+				t.FailNow()
+			}
 			const guard = 4096
 			parentBuf := make([]byte, guard+tc.size+guard)
 			fillGuard(parentBuf)
@@ -76,7 +86,9 @@ func TestInvalidateStopsStalledPlacement(t *testing.T) {
 			const sent = 1000 // payload bytes before the stall
 			cut := 2 + taggedHdrLen + sent
 			peer.mustWrite(frame[:cut])
-			wait(ctx, t, placing, "placement did not start")
+			// The queue pair has read all we sent and waits for
+			// the rest of the payload: the placement is under way.
+			sc.waitStarved(ctx, t, peer.conn)
 			// The invalidation must not wait for the stalled peer.
 			if err := target.InvalidateContext(ctx); err != nil {
 				t.Fatalf("invalidate during a stalled placement: %v", err)
@@ -137,11 +149,19 @@ func TestInvalidateStopsReadResponse(t *testing.T) {
 func testInvalidateStopsReadResponse(t *testing.T, inline bool) {
 	ctx := testCtx(t)
 	pd := NewProtectionDomain()
-	onServe, serving := signal(nil)
-	if inline {
-		onServe = nil // a test hook keeps reads off the inline path
+	var wrap func(net.Conn) net.Conn
+	if !inline {
+		// Without a socket to write to without blocking, the
+		// receiving goroutine leaves every read to the responder.
+		wrap = func(c net.Conn) net.Conn {
+			// The socket takes a little of the response.
+			if err := c.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+				t.Error(err)
+			}
+			return plainConn{c}
+		}
 	}
-	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, onServe))
+	qp, peer := newScriptPeerConn(t, scriptParams(pd, 0, 0), wrap)
 	if inline {
 		// The socket takes a little of the response: the rest is
 		// left to the responder goroutine.
@@ -165,7 +185,9 @@ func testInvalidateStopsReadResponse(t *testing.T, inline bool) {
 	if inline {
 		waitHandoff(ctx, t, qp)
 	} else {
-		wait(ctx, t, serving, "the response did not start")
+		// The first byte of the response is in: the responder is
+		// in the middle of it.
+		peer.awaitData(ctx, "the response did not start")
 	}
 	if err := fr.InvalidateContext(ctx); err != nil {
 		t.Fatalf("invalidate during a Read Response: %v", err)
@@ -201,21 +223,29 @@ func testInvalidateStopsReadResponse(t *testing.T, inline bool) {
 // naming the excess request (RFC 5040 s5.2, RFC 6581): the queue of
 // inbound reads never grows past IRD.
 func TestInboundReadsBoundedByIRD(t *testing.T) {
-	ctx := testCtx(t)
 	pd := NewProtectionDomain()
-	release := make(chan struct{})
-	defer close(release)
-	onServe, serving := signal(release) // the responder stalls on the first read
 	const ird = 2
-	qp, peer := newScriptPeer(t, hookParams(pd, ird, 0, nil, onServe))
+	// The responder is stuck in the first read's response: it is
+	// larger than the sockets hold, and we do not take it yet.
+	qp, peer := newScriptPeerConn(t, scriptParams(pd, ird, 0), func(c net.Conn) net.Conn {
+		if err := c.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+			t.Error(err)
+		}
+		return plainConn{c}
+	})
 	if qp.IRD() != ird {
 		t.Fatalf("IRD %d", qp.IRD())
 	}
-	src := reg(t, pd, make([]byte, 4096), verbs.AccessRemoteRead)
+	const big = 16 << 20
+	src := reg(t, pd, make([]byte, big), verbs.AccessRemoteRead)
 	for i := range ird + 1 {
-		peer.mustWrite(peer.readRequestFPDU(readRequest{sinkSTag: 0x4200, sinkTO: uint64(i), size: 4096, srcSTag: src.STag()}))
+		size := uint32(4096)
 		if i == 0 {
-			wait(ctx, t, serving, "the first read was not served")
+			size = big
+		}
+		peer.mustWrite(peer.readRequestFPDU(readRequest{sinkSTag: 0x4200, sinkTO: uint64(i), size: size, srcSTag: src.STag()}))
+		if i == 0 {
+			peer.awaitData(testCtx(t), "the first read was not served")
 		}
 	}
 	term, err := peer.terminate(nil)
@@ -239,7 +269,7 @@ func TestInboundReadsBoundedByIRD(t *testing.T) {
 // The queue pair stays usable throughout.
 func TestSendQueueBounded(t *testing.T) {
 	pd := NewProtectionDomain()
-	qp, peer := newScriptPeer(t, hookParams(pd, 0, 1, nil, nil))
+	qp, peer := newScriptPeer(t, scriptParams(pd, 0, 1))
 	sinkBuf := make([]byte, sendQueueDepth)
 	sink := reg(t, pd, sinkBuf, verbs.AccessLocalWrite)
 	read := func(i int) verbs.SendWR {

@@ -62,7 +62,7 @@ func TestParkedRead(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			pd := NewProtectionDomain()
-			qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+			qp, peer := newScriptPeer(t, scriptParams(pd, 0, 0))
 			const regionSize = 1 << 20
 			data := randBytes(regionSize, 31)
 			parent := reg(t, pd, data, verbs.AccessLocalWrite)

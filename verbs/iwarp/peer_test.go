@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/rdmafs/rdmafs/verbs"
 )
@@ -24,16 +25,25 @@ type scriptPeer struct {
 	readMSN uint32 // next MSN of our Read Requests (QN 1)
 }
 
-// newScriptPeer listens with sp (whose Setup may post receives and set
-// the queue pair's test hooks: it runs before anything arrives), connects
-// a scripted peer with IRD and ORD 16 and returns the accepted queue pair.
+// newScriptPeer listens with sp (whose Setup may post receives: it runs
+// before anything arrives), connects a scripted peer with IRD and ORD 16
+// and returns the accepted queue pair.
 func newScriptPeer(t testing.TB, sp *verbs.ConnParams) (*QP, *scriptPeer) {
 	t.Helper()
+	return newScriptPeerConn(t, sp, nil)
+}
+
+// newScriptPeerConn is newScriptPeer with the queue pair's end of the
+// connection wrapped by wrap (nil: not wrapped), as a test sees or
+// shapes what the queue pair reads and writes.
+func newScriptPeerConn(t testing.TB, sp *verbs.ConnParams, wrap func(net.Conn) net.Conn) (*QP, *scriptPeer) {
+	t.Helper()
 	ctx := testCtx(t)
-	ln, err := Listen("127.0.0.1:0", sp)
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	ln := NewListener(wrapListener{tl, wrap}, sp)
 	defer ln.Close()
 	conn, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -56,6 +66,20 @@ func newScriptPeer(t testing.TB, sp *verbs.ConnParams) (*QP, *scriptPeer) {
 		qp.Close()
 	})
 	return qp, p
+}
+
+// wrapListener wraps the connections it accepts with wrap, if set.
+type wrapListener struct {
+	net.Listener
+	wrap func(net.Conn) net.Conn
+}
+
+func (l wrapListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil || l.wrap == nil {
+		return c, err
+	}
+	return l.wrap(c), nil
 }
 
 // fpdu frames a ULPDU (RFC 5044 s4.1) with a zero CRC field.
@@ -116,6 +140,19 @@ func (p *scriptPeer) next() (ddpHeader, []byte, error) {
 	return h, b[h.hdlen:ulen], nil
 }
 
+// awaitData waits, until ctx ends, for the queue pair to send something,
+// and leaves it unread.
+func (p *scriptPeer) awaitData(ctx context.Context, what string) {
+	p.t.Helper()
+	if d, ok := ctx.Deadline(); ok {
+		_ = p.conn.SetReadDeadline(d)
+		defer p.conn.SetReadDeadline(time.Time{})
+	}
+	if _, err := p.br.Peek(1); err != nil {
+		p.t.Fatalf("%s: %v", what, err)
+	}
+}
+
 // terminate reads FPDUs until a Terminate (RFC 5040 s4.8) and returns
 // it; other FPDUs go to skip, if set.
 func (p *scriptPeer) terminate(skip func(ddpHeader, []byte)) (Terminate, error) {
@@ -133,27 +170,10 @@ func (p *scriptPeer) terminate(skip func(ddpHeader, []byte)) (Terminate, error) 
 	}
 }
 
-// hookParams returns ConnParams whose Setup installs the queue pair's
-// placement and Read Response hooks (either may be nil) and posts no
-// receives.
-func hookParams(pd *verbs.ProtectionDomain, ird, ord int, onPlace, onServe func()) *verbs.ConnParams {
-	return &verbs.ConnParams{PD: pd, IRD: ird, ORD: ord, Setup: func(qp verbs.QueuePair) error {
-		q := qp.(*QP)
-		q.onPlace, q.onServe = onPlace, onServe
-		return nil
-	}}
-}
-
-// signal returns a hook that reports each call on the returned channel
-// and then waits for release to be closed (never, if release is nil).
-func signal(release <-chan struct{}) (func(), <-chan struct{}) {
-	ch := make(chan struct{}, 16)
-	return func() {
-		ch <- struct{}{}
-		if release != nil {
-			<-release
-		}
-	}, ch
+// scriptParams returns ConnParams for a scripted peer's queue pair:
+// pd, IRD and ORD, and no receives posted.
+func scriptParams(pd *verbs.ProtectionDomain, ird, ord int) *verbs.ConnParams {
+	return &verbs.ConnParams{PD: pd, IRD: ird, ORD: ord}
 }
 
 // wait receives from ch or fails the test when ctx ends.

@@ -133,11 +133,6 @@ type QP struct {
 	hmu sync.Mutex
 	rd  recvDelivery
 
-	// onPlace and onServe, set before the queue pair starts (Setup),
-	// run when a tagged placement or a Read Response has its region
-	// (a small buffered placement: just before it looks it up).
-	onPlace, onServe func()
-
 	// The transmit side (tx.go), under mu: txBusy: a sender owns it;
 	// txFlush: a poster's write left the rest of txPend for the tx
 	// goroutine to write and complete.

@@ -126,9 +126,6 @@ func (q *QP) serveRead(rr readRequest) error {
 		return accessFault(rr, err)
 	}
 	defer mr.EndAccess(&q.respStop, 0, 0)
-	if q.onServe != nil {
-		q.onServe()
-	}
 	off := 0
 	for {
 		q.w.mu.Lock()
@@ -227,10 +224,10 @@ func (q *QP) addRespLocked(rr *readRequest, src []byte, off int) (int, bool) {
 // responder goroutine, when the writer is busy (unless a poster holding
 // it takes rr: parkRead), holds the rest of an earlier write or an
 // unfinished inline response, or the region cannot be read (the
-// responder reports why). Test hooks (onServe) stall the responder
-// goroutine: with one, every read goes there.
+// responder reports why), or the connection is not a socket (no
+// non-blocking writes).
 func (q *QP) respondInline(rr readRequest) bool {
-	if q.w.raw == nil || q.onServe != nil {
+	if q.w.raw == nil {
 		return false
 	}
 	if !q.w.mu.TryLock() {

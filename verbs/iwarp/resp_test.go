@@ -32,7 +32,7 @@ func waitHandoff(ctx context.Context, t *testing.T, qp *QP) {
 func TestLargeReadInlineHandoff(t *testing.T) {
 	ctx := testCtx(t)
 	pd := NewProtectionDomain()
-	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	qp, peer := newScriptPeer(t, scriptParams(pd, 0, 0))
 	if err := qp.conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
 		t.Fatal(err)
 	}

@@ -442,9 +442,6 @@ func (q *QP) placeAccess(rs *rxState, h *ddpHeader, n int, need verbs.Access, wh
 		if err != nil {
 			return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("%s: %w", what, err))
 		}
-		if q.onPlace != nil {
-			q.onPlace()
-		}
 		if err := q.placeTagged(rs, dst); err != nil {
 			mr.EndAccess(nil, 0, 0)
 			return err
@@ -456,9 +453,6 @@ func (q *QP) placeAccess(rs *rxState, h *ddpHeader, n int, need verbs.Access, wh
 	dst, mr, err := q.pd.BeginAccess(h.stag, need, h.to, uint64(n), &q.rxStop)
 	if err != nil {
 		return rs.fault(LayerDDP, DDPEtypeTaggedBuf, taggedCode(err), fmt.Errorf("%s: %w", what, err))
-	}
-	if q.onPlace != nil {
-		q.onPlace()
 	}
 	if q.rxStop.ioStart() {
 		err = q.placeTagged(rs, dst)
@@ -487,9 +481,6 @@ const placeUnderLock = 8 << 10
 // the check and the copy, where Begin and End take two, and no
 // invalidation can overlap it.
 func (q *QP) placeLocked(rs *rxState, h *ddpHeader, n int, need verbs.Access, what string) error {
-	if q.onPlace != nil {
-		q.onPlace() // before the lookup: it must not run under the lock
-	}
 	var perr error // placeTagged's: not a protection fault
 	err := q.pd.Place(h.stag, need, h.to, uint64(n), func(dst []byte) (uint64, error) {
 		if perr = q.placeTagged(rs, dst); perr != nil {

@@ -17,7 +17,7 @@ import (
 // and in posting order, and the completions come in posting order.
 func TestPostDirectHandoff(t *testing.T) {
 	pd := NewProtectionDomain()
-	sp := hookParams(pd, 0, 0, nil, nil)
+	sp := scriptParams(pd, 0, 0)
 	sp.Setup = func(qp verbs.QueuePair) error {
 		// A small send buffer: the direct write cannot finish.
 		return qp.(*QP).conn.(*net.TCPConn).SetWriteBuffer(8 << 10)
@@ -84,7 +84,7 @@ func TestPostDirectHandoff(t *testing.T) {
 // is placed and completed exactly once.
 func TestReceiveHeaderPrefetchSplits(t *testing.T) {
 	pd := NewProtectionDomain()
-	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	qp, peer := newScriptPeer(t, scriptParams(pd, 0, 0))
 	const big = directMin
 	region := make([]byte, 2*big)
 	mr := reg(t, pd, region, verbs.AccessRemoteWrite)
@@ -137,7 +137,7 @@ func TestReceiveHeaderPrefetchSplits(t *testing.T) {
 func TestPostDoesNotWaitForStalledResponse(t *testing.T) {
 	ctx := testCtx(t)
 	pd := NewProtectionDomain()
-	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	qp, peer := newScriptPeer(t, scriptParams(pd, 0, 0))
 	const size = 16 << 20 // more than the socket buffers hold
 	src := reg(t, pd, make([]byte, size), verbs.AccessRemoteRead)
 	peer.mustWrite(peer.readRequestFPDU(readRequest{sinkSTag: 0x4200, size: size, srcSTag: src.STag()}))
@@ -196,7 +196,7 @@ func TestPostDoesNotWaitForStalledResponse(t *testing.T) {
 func TestZeroLengthReadsInOrder(t *testing.T) {
 	ctx := testCtx(t)
 	pd := NewProtectionDomain()
-	qp, peer := newScriptPeer(t, hookParams(pd, 0, 0, nil, nil))
+	qp, peer := newScriptPeer(t, scriptParams(pd, 0, 0))
 	if err := qp.conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
 		t.Fatal(err)
 	}
