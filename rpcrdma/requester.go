@@ -203,16 +203,6 @@ func (t *Transport) Close() error {
 	return nil
 }
 
-// Abort breaks the current connection as a network failure would.
-func (t *Transport) Abort() {
-	t.mu.Lock()
-	c := t.conn
-	t.mu.Unlock()
-	if c != nil {
-		c.fail(fmt.Errorf("%w: aborted", oncrpc.ErrConnection))
-	}
-}
-
 // RoundTrip sends call and waits for its reply. Memory exposed for the
 // call is invalidated before RoundTrip returns (RFC 8166 s8.1).
 func (t *Transport) RoundTrip(ctx context.Context, call *oncrpc.Call) (*oncrpc.Reply, error) {

@@ -211,15 +211,6 @@ func (s *Responder) busy() bool {
 	return false
 }
 
-// DropConnections breaks every connection, as a network failure would.
-func (s *Responder) DropConnections() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for c := range s.conns {
-		c.qp.Close()
-	}
-}
-
 // connSetup is what setupQP prepared for a connection.
 type connSetup struct {
 	bufs [][]byte
