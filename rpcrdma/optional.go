@@ -337,31 +337,6 @@ func (c *conn) optionalErrorLocked(h *Header) bool {
 	return true
 }
 
-// SendOptional sends a one-way RDMA_OPTIONAL on the current version-2
-// connection, for tests and diagnostics. It fails when no credit is free
-// for it.
-func (t *Transport) SendOptional(ctx context.Context, opt uint32, info []byte) error {
-	c, err := t.connection(ctx)
-	if err != nil {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return c.err
-	}
-	if c.neg.st != negV2 {
-		return errors.New("rpcrdma: RDMA_OPTIONAL needs a version-2 connection")
-	}
-	h := Header{XID: c.optXIDLocked(), Vers: Version2, Credit: uint32(t.cfg.Credits), Proc: ProcOptional, OptType: opt, OptInfo: info}
-	if !c.sendOneWayLocked(&h) {
-		return errors.New("rpcrdma: no credit free for a one-way RDMA_OPTIONAL")
-	}
-	c.neg.optXIDs[h.XID] = optSent{opt: opt, seq: c.oneWay[len(c.oneWay)-1]}
-	t.tracef(trace.RDMA, "optional xid=%#x type=%d len=%d", h.XID, opt, len(info))
-	return nil
-}
-
 // PeerChars returns the peer's characteristics as learned on the current
 // connection, and whether it announced them with ROPT_INITXCH.
 func (t *Transport) PeerChars() (Chars, bool) {

@@ -68,21 +68,6 @@ func (c *serverConn) sendInitXch() {
 	c.sendOptional(OptInitXch, InitXch{Start: ours.Spec(), NoChg: Subset{}.With(1).With(2)}.Marshal(), 0)
 }
 
-// SendOptional sends an RDMA_OPTIONAL to every version-2 connection, for
-// tests that play a peer's part.
-func (s *Responder) SendOptional(opt uint32, info []byte) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for c := range s.conns {
-		c.mu.Lock()
-		v2 := c.vers == Version2
-		c.mu.Unlock()
-		if v2 {
-			c.sendOptional(opt, info, 0)
-		}
-	}
-}
-
 func (c *serverConn) sendOptional(opt uint32, info []byte, xid uint32) {
 	if xid == 0 {
 		xid = uint32(c.wr.Add(1)) | 0x80000000

@@ -36,6 +36,46 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
+// respondOptional plays a version-2 peer's part: the responder sends an
+// RDMA_OPTIONAL of type opt, with any info, on each of its version-2
+// connections, as the peer's side of a test.
+func respondOptional(s *Responder, opt uint32, info []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.mu.Lock()
+		v2 := c.vers == Version2
+		c.mu.Unlock()
+		if v2 {
+			c.sendOptional(opt, info, 0)
+		}
+	}
+}
+
+// sendOptional has tr send a one-way RDMA_OPTIONAL of type opt, with any
+// info (unknown types, malformed bodies), on its version-2 connection,
+// the way it sends its own INITXCH.
+func sendOptional(ctx context.Context, tr *Transport, opt uint32, info []byte) error {
+	c, err := tr.connection(ctx)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	if c.neg.st != negV2 {
+		return errors.New("RDMA_OPTIONAL needs a version-2 connection")
+	}
+	h := Header{XID: c.optXIDLocked(), Vers: Version2, Credit: uint32(tr.cfg.Credits), Proc: ProcOptional, OptType: opt, OptInfo: info}
+	if !c.sendOneWayLocked(&h) {
+		return errors.New("no credit free for a one-way RDMA_OPTIONAL")
+	}
+	c.neg.optXIDs[h.XID] = optSent{opt: opt, seq: c.oneWay[len(c.oneWay)-1]}
+	return nil
+}
+
 // bigCall sends a procedure-1 echo of n bytes entirely in the Head (no
 // DDP-eligible part), so it goes inline only if it fits the threshold.
 func (env *testEnv) bigCall(ctx context.Context, n int) error {
@@ -97,9 +137,13 @@ func TestV2FallbackToV1(t *testing.T) {
 	if st.Version != 1 || st.Fallbacks != 1 || st.Connects != 1 || st.InlineSend != 4096 {
 		t.Fatalf("after fallback: %+v", st)
 	}
-	// No RDMA_OPTIONAL ever goes to a version-1 peer (V2-5-d).
-	if err := env.tr.SendOptional(ctx, OptInitXch, nil); err == nil {
-		t.Fatal("RDMA_OPTIONAL sent on a version-1 connection")
+	// No RDMA_OPTIONAL ever goes to a version-1 peer (V2-5-d): not
+	// our INITXCH, and a characteristics change is refused.
+	if err := env.tr.RequestChange(ctx, []XCharVal{Uint32Val(XCharRBSize, 8192)}); err == nil {
+		t.Fatal("REQXCH sent on a version-1 connection")
+	}
+	if st := env.tr.Stats(); st.OptionalErrors != 0 || env.resp.OptionalErrors() != 0 {
+		t.Fatalf("RDMA_OPTIONALs on a version-1 connection: %+v, responder refused %d", st, env.resp.OptionalErrors())
 	}
 }
 
@@ -151,7 +195,7 @@ func TestV2InitXchRaisesThreshold(t *testing.T) {
 	if st := env.tr.Stats(); st.InlineCalls != before.InlineCalls || st.PosZeroChunks != before.PosZeroChunks+1 {
 		t.Fatalf("6000-byte call before RBSIZ: %+v", st)
 	}
-	env.resp.SendOptional(OptInitXch, InitXch{Start: []XCharVal{Uint32Val(XCharRBSize, 8192)}}.Marshal())
+	respondOptional(env.resp, OptInitXch, InitXch{Start: []XCharVal{Uint32Val(XCharRBSize, 8192)}}.Marshal())
 	waitFor(t, "RBSIZ=8192", func() bool { c, _ := env.tr.PeerChars(); return c.RBSize == 8192 })
 	before = env.tr.Stats()
 	if err := env.bigCall(ctx, 6000); err != nil {
@@ -202,7 +246,7 @@ func TestV2ReqXchDoneRejPend(t *testing.T) {
 	waitFor(t, "the pending RBSIZ change", func() bool { return env.tr.PendingChange(XCharRBSize) })
 	// XC-4.4-d: an UPDXCH with pendclr=FALSE applies at once and leaves
 	// the request pending.
-	env.resp.SendOptional(OptUpdXch, UpdXch{Now: Uint32Val(XCharRBSize, 8192)}.Marshal())
+	respondOptional(env.resp, OptUpdXch, UpdXch{Now: Uint32Val(XCharRBSize, 8192)}.Marshal())
 	waitFor(t, "interim RBSIZ=8192", func() bool { c, _ := env.tr.PeerChars(); return c.RBSize == 8192 })
 	if !env.tr.PendingChange(XCharRBSize) {
 		t.Fatal("pendclr=FALSE closed the pending request")
@@ -251,18 +295,18 @@ func TestV2UnknownAndMalformedOptionals(t *testing.T) {
 	}
 	waitFor(t, "INITXCH", func() bool { _, ok := env.tr.PeerChars(); return ok })
 	// V2-3.1-a: an unknown opttype from the peer draws INVAL_OPTION.
-	env.resp.SendOptional(0x7fff, []byte{1, 2, 3, 4})
+	respondOptional(env.resp, 0x7fff, []byte{1, 2, 3, 4})
 	waitFor(t, "INVAL_OPTION", func() bool { return env.tr.Stats().OptionalsRejected == 1 })
 	// XC-2.1-a: xchv_data running past the message: BAD_HEADER.
 	bad := []byte{0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0xff, 0xff}
-	env.resp.SendOptional(OptInitXch, bad)
+	respondOptional(env.resp, OptInitXch, bad)
 	waitFor(t, "BAD_HEADER", func() bool { return env.tr.Stats().OptionalsRejected == 2 })
 	// XC-2.1-b, XC-7-a: RBSIZ of 2 bytes, RBSIZ of 16: BAD_HEADER, and
 	// the old value stays.
 	short := InitXch{Start: []XCharVal{{Which: XCharRBSize, Data: []byte{0, 1}}}}.Marshal()
-	env.resp.SendOptional(OptInitXch, short)
+	respondOptional(env.resp, OptInitXch, short)
 	tiny := InitXch{Start: []XCharVal{Uint32Val(XCharRBSize, 16)}}.Marshal()
-	env.resp.SendOptional(OptInitXch, tiny)
+	respondOptional(env.resp, OptInitXch, tiny)
 	waitFor(t, "two more BAD_HEADERs", func() bool { return env.tr.Stats().OptionalsRejected == 4 })
 	if c, _ := env.tr.PeerChars(); c.RBSize != 4096 {
 		t.Fatalf("RBSIZ %d after malformed INITXCHs", c.RBSize)
@@ -270,17 +314,17 @@ func TestV2UnknownAndMalformedOptionals(t *testing.T) {
 	// XC-2.1-c, XC-6.2-a: unknown and experimental ids are ignored, the
 	// rest applies.
 	mixed := InitXch{Start: []XCharVal{Uint32Val(0x80000000, 1), Uint32Val(xcharExperimentalFirst, 7), Uint32Val(XCharRBSize, 8192)}}.Marshal()
-	env.resp.SendOptional(OptInitXch, mixed)
+	respondOptional(env.resp, OptInitXch, mixed)
 	waitFor(t, "RBSIZ=8192", func() bool { c, _ := env.tr.PeerChars(); return c.RBSize == 8192 })
 	if st := env.tr.Stats(); st.OptionalsRejected != 4 {
 		t.Fatalf("unknown ids drew an error: %+v", st)
 	}
 	// Our unknown opttype and a malformed INITXCH to the responder.
 	before := env.resp.OptionalErrors()
-	if err := env.tr.SendOptional(ctx, 0x7fff, nil); err != nil {
+	if err := sendOptional(ctx, env.tr, 0x7fff, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := env.tr.SendOptional(ctx, OptInitXch, bad); err != nil {
+	if err := sendOptional(ctx, env.tr, OptInitXch, bad); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "responder errors", func() bool { return env.resp.OptionalErrors() == before+2 })
