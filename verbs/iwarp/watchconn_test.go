@@ -65,8 +65,8 @@ func (c *starveConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// check, under mu, reports starvation: armed, the reader waiting, and
-// nothing left unread in the socket.
+// checkLocked, with mu held, reports starvation: armed, the reader
+// waiting, and nothing left unread in the socket.
 func (c *starveConn) checkLocked(fd uintptr) {
 	if !c.armed || !c.waiting {
 		return
