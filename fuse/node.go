@@ -452,7 +452,11 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	ctx = uninterrupted(ctx)
 	// An open file is renamed out of the way instead (silly.go).
 	if t := n.childNode(name); t != nil && t.StableAttr().Mode != syscall.S_IFDIR {
-		if done, errno := n.fsys.sillyRename(ctx, n, name, t); errno != 0 || done {
+		done, errno := n.fsys.sillyRename(ctx, n, name, t)
+		if done {
+			n.fsys.lastClose(ctx, t.StableAttr().Ino)
+		}
+		if errno != 0 || done {
 			return errno
 		}
 	}
@@ -523,6 +527,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			}
 			if done {
 				sillied = t
+				// After the RENAME and the directories' changes
+				// (deferred before them, so it runs after them).
+				defer n.fsys.lastClose(ctx, t.StableAttr().Ino)
 			}
 		}
 	}

@@ -113,7 +113,10 @@ func (f *FS) sillyRename(ctx context.Context, dir *node, name string, target *no
 
 // lastClose removes the silly-renamed names of ino once nothing of this
 // mount has it open any more. Called after a file's CLOSE and a
-// directory's release.
+// directory's release, and after a silly rename: the kernel sends
+// RELEASE without waiting for it, so an unlink that follows close(2)
+// can be served first, see the file still open and rename it while its
+// last close finds no name yet to remove.
 func (f *FS) lastClose(ctx context.Context, ino uint64) {
 	f.mu.Lock()
 	ents := f.silly[ino]

@@ -222,3 +222,25 @@ func TestRenameOverOpenTwoMounts(t *testing.T) {
 		t.Logf("%s: fstat of the directory renamed over elsewhere: nlink %d", p.name, st.Nlink)
 	})
 }
+
+// TestUnlinkAfterClose removes files right after closing them, many
+// times: the kernel sends RELEASE without waiting for it, so the unlink
+// may be served while the file still counts as open and be turned into
+// a silly rename; the last close must still remove that name, whichever
+// of the two finishes first (a ".nfs" name left behind is a leak).
+func TestUnlinkAfterClose(t *testing.T) {
+	tcpPeers(t, func(t *testing.T, p peer) {
+		mnt, _ := mountPeer(t, p, fuse.Options{})
+		top := freshDir(t, mnt)
+		for i := range 100 {
+			name := filepath.Join(top, "f")
+			if err := os.WriteFile(name, []byte{byte(i)}, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(name); err != nil {
+				t.Fatalf("remove after close, round %d: %v", i, err)
+			}
+		}
+		waitNoSilly(t, top)
+	})
+}
