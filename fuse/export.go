@@ -127,12 +127,6 @@ func (n *node) LookupNode(ctx context.Context, id uint64, out *gofuse.EntryOut) 
 	if f.ino(a.FileID) != id {
 		return nil, syscall.ESTALE
 	}
-	if a.Type != nfsclient.TypeDir && a.Unlinked() {
-		// Removed: the kernel has no open file of it (it would not ask
-		// for the node then), so as on a local file system the handle
-		// is stale, however long the server keeps the inode.
-		return nil, syscall.ESTALE
-	}
 	c := f.newNode(fh, &a)
 	c.entryOut(out)
 	return n.NewInode(ctx, c, f.stableAttr(fh, &a)), 0

@@ -68,7 +68,10 @@ func TestOpenByHandle(t *testing.T) {
 		dropCaches(t)
 		fd, err := unix.OpenByHandleAt(mfd, hFile, unix.O_RDONLY)
 		if err != nil {
-			t.Fatalf("open_by_handle_at of a file after drop_caches: %v", err)
+			var st unix.Stat_t
+			serr := unix.Stat(file, &st)
+			t.Fatalf("open_by_handle_at of a file after drop_caches: %v (handle type %d %x; stat now: ino %d nlink %d, %v)",
+				err, hFile.Type(), hFile.Bytes(), st.Ino, st.Nlink, serr)
 		}
 		got := make([]byte, 100)
 		n, err := unix.Read(fd, got)

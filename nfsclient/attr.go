@@ -163,13 +163,6 @@ type Attr struct {
 	LinkSupport, SymSupport bool
 }
 
-// Unlinked reports whether the server says the object has no links
-// left (numlinks 0): it was removed, and the server still finds it by
-// its file handle only while something holds it open (knfsd's file
-// cache and ganesha's descriptor cache keep a closed file open for a
-// while).
-func (a *Attr) Unlinked() bool { return a.Mask.Has(attrNumLinks) && a.NLink == 0 }
-
 // maxOwnerLen bounds owner strings: longer than any name a system allows.
 const maxOwnerLen = 1024
 
