@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -34,18 +33,7 @@ func mountMem(t *testing.T, opts fuse.Options) (string, *memClient) {
 	if err != nil {
 		t.Fatalf("mount: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := m.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-			exec.Command("fusermount3", "-u", "-z", dir).Run()
-		}
-		m.Wait()
-		sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
-		defer scancel()
-		if err := m.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
+	unmountAtCleanup(t, m, dir)
 	return dir, c
 }
 

@@ -94,18 +94,7 @@ func mountPeer(t *testing.T, p peer, opts fuse.Options) (string, *fuse.Mount) {
 		c.Close(ctx)
 		t.Fatalf("%s: mount: %v", p.name, err)
 	}
-	t.Cleanup(func() {
-		if err := m.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-			exec.Command("fusermount3", "-u", "-z", dir).Run()
-		}
-		m.Wait()
-		sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
-		defer scancel()
-		if err := m.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
+	unmountAtCleanup(t, m, dir)
 	return dir, m
 }
 
@@ -482,4 +471,22 @@ func TestPosixCaseChild(t *testing.T) {
 		t.Skip("runs only as runPosixCase's child")
 	}
 	posixtest.All[name](t, dir)
+}
+
+// unmountAtCleanup unmounts m (at dir), waits for it to be served no
+// more and shuts its session down when the test ends; a failed unmount
+// is an error, and a lazy one then leaves no mount behind.
+func unmountAtCleanup(t *testing.T, m *fuse.Mount, dir string) {
+	t.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+			exec.Command("fusermount3", "-u", "-z", dir).Run()
+		}
+		m.Wait()
+		sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
+		defer scancel()
+		if err := m.Shutdown(sctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
 }

@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -344,55 +343,6 @@ func TestCloseToOpen(t *testing.T) {
 	})
 }
 
-// blackhole is a TCP proxy to an NFS server that can stop forwarding, as
-// a server that stops answering does.
-type blackhole struct {
-	ln      net.Listener
-	dropped atomic.Bool
-}
-
-func newBlackhole(t *testing.T, target string) *blackhole {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &blackhole{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			pipe := func(dst, src net.Conn) {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := src.Read(buf)
-					if err != nil {
-						dst.Close()
-						return
-					}
-					if b.dropped.Load() {
-						continue // swallow: no reply, no error
-					}
-					if _, err := dst.Write(buf[:n]); err != nil {
-						src.Close()
-						return
-					}
-				}
-			}
-			go pipe(s, c)
-			go pipe(c, s)
-		}
-	}()
-	return b
-}
-
 // TestSoftTimeout mounts through a proxy with soft,timeo=10,retrans=1,
 // makes the server go silent and expects ETIMEDOUT within timeo x
 // (retrans+1); then unmounts lazily.
@@ -401,7 +351,7 @@ func TestSoftTimeout(t *testing.T) {
 		g := testpeer.RequireGanesha(t)
 		host, gport := splitAddr(t, g.Addr)
 		p := peer{name: "ganesha", host: host, port: gport, export: g.Export}
-		bh := newBlackhole(t, p.host+":"+p.port)
+		bh := newTCPProxy(t, p.host+":"+p.port)
 		_, port, _ := net.SplitHostPort(bh.ln.Addr().String())
 		mnt := mount(t, peer{name: p.name, host: "127.0.0.1", port: port, export: p.export}, "soft", "timeo=10", "retrans=1", "actimeo=0")
 		d := testDir(t, mnt)
@@ -477,7 +427,7 @@ func TestStatsMinorVersion(t *testing.T) {
 func TestStatsCallsInFlight(t *testing.T) {
 	g := testpeer.RequireGanesha(t)
 	host, gport := splitAddr(t, g.Addr)
-	bh := newBlackhole(t, host+":"+gport)
+	bh := newTCPProxy(t, host+":"+gport)
 	_, port, _ := net.SplitHostPort(bh.ln.Addr().String())
 	mnt := mount(t, peer{name: "ganesha", host: "127.0.0.1", port: port, export: g.Export}, "soft", "timeo=100", "retrans=1", "actimeo=0")
 	d := testDir(t, mnt)

@@ -236,56 +236,6 @@ func TestRelaySIGTERM(t *testing.T) {
 	}
 }
 
-// cutProxy forwards TCP connections to target and can cut every
-// connection it carries, as a network failure between the relay and the
-// server would.
-type cutProxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln}
-	t.Cleanup(func() { ln.Close(); p.cut() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			go func() { io.Copy(s, c); s.Close() }()
-			go func() { io.Copy(c, s); c.Close() }()
-		}
-	}()
-	return p
-}
-
-// cut closes every connection carried so far and returns how many pairs.
-func (p *cutProxy) cut() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	n := len(p.conns) / 2
-	p.conns = nil
-	return n
-}
-
 // TestRelayServerConnectionLost cuts the relay's TCP connection to the
 // server under a mount: the relay closes the mount's RDMA connection
 // (the server's state bound to the TCP connection is gone), the mount
@@ -293,7 +243,7 @@ func (p *cutProxy) cut() int {
 // are intact.
 func TestRelayServerConnectionLost(t *testing.T) {
 	g := testpeer.RequireGanesha(t)
-	proxy := newCutProxy(t, g.Addr)
+	proxy := newTCPProxy(t, g.Addr)
 	r := startRelayBin(t, proxy.ln.Addr().String())
 	mnt := mount(t, peer{name: "relay-ganesha", host: "127.0.0.1", port: r.port, export: g.Export, opts: []string{"proto=rdma", "rdmadev=iwarp-go"}})
 	d := testDir(t, mnt)
