@@ -44,7 +44,13 @@ func TestRenameFlags(t *testing.T) {
 			{"exchange", a, b, unix.RENAME_EXCHANGE, unix.EINVAL},
 			{"whiteout", a, c, unix.RENAME_WHITEOUT, unix.EINVAL},
 		} {
-			err := unix.Renameat2(unix.AT_FDCWD, tc.from, unix.AT_FDCWD, tc.to, tc.flags)
+			// Retried on EINTR as package os retries its calls: a signal
+			// (Go's preemption too) interrupts the FUSE LOOKUP of the
+			// path, which may answer EINTR.
+			var err error
+			for err = unix.EINTR; err == unix.EINTR; {
+				err = unix.Renameat2(unix.AT_FDCWD, tc.from, unix.AT_FDCWD, tc.to, tc.flags)
+			}
 			if !errors.Is(err, tc.want) {
 				t.Errorf("renameat2 %s: %v, want %v", tc.name, err, tc.want)
 			}
