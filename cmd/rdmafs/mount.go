@@ -338,6 +338,9 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 	if err := checkMountpoint(o.Dir); err != nil {
 		return err
 	}
+	if _, err := makeRunDir(); err != nil {
+		return exitf(exitUsage, err, "%v", err)
+	}
 	stopProfile, err := startCPUProfile()
 	if err != nil {
 		return exitf(exitUsage, err, "%v", err)

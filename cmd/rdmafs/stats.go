@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,8 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 
@@ -28,9 +31,7 @@ type TransportStats interface {
 }
 
 type statsServer struct {
-	ln   net.Listener
-	path string
-	file os.FileInfo // the socket file, to unlink only our own
+	ln net.Listener
 }
 
 func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *atomic.Uint64) (*statsServer, error) {
@@ -38,20 +39,13 @@ func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *ato
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(d, socketName(o.Dir))
-	os.Remove(path) // a stale socket of a process that died; the mountpoint check passed
-	ln, err := net.Listen("unix", path)
+	// It replaces a stale socket of a process that died (the mountpoint
+	// check passed), and its Close unlinks the socket only while it is
+	// still this mount's: a later mount on the same directory (after a
+	// lazy unmount) has replaced it with its own.
+	ln, err := listenUnixPrivate(filepath.Join(d, socketName(o.Dir)))
 	if err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
-	}
-	// Close unlinks the socket only while it is still this mount's: a
-	// later mount on the same directory (after a lazy unmount) has
-	// replaced it with its own.
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	fi, err := os.Stat(path)
-	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("listen: %w", err)
+		return nil, err
 	}
 	start := time.Now()
 	go func() {
@@ -63,15 +57,10 @@ func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *ato
 			serveStats(conn, o, m, t, retrans, start)
 		}
 	}()
-	return &statsServer{ln: ln, path: path, file: fi}, nil
+	return &statsServer{ln: ln}, nil
 }
 
-func (s *statsServer) Close() {
-	s.ln.Close()
-	if fi, err := os.Stat(s.path); err == nil && os.SameFile(fi, s.file) {
-		os.Remove(s.path)
-	}
-}
+func (s *statsServer) Close() { s.ln.Close() }
 
 // The stats socket's requests: a client writes one line, then reads the
 // answer until EOF. A client that writes nothing gets the statistics.
@@ -99,7 +88,7 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	fmt.Fprintf(w, "pid: %d\n", os.Getpid())
 	fmt.Fprintf(w, "device %s:%s mounted on %s with fstype fuse.rdmafs\n", o.Server, o.Export, o.Dir)
 	fmt.Fprintf(w, "opts: %s\n", o)
-	impl := c.ServerImpl()
+	impl := termSafe(c.ServerImpl()) // the server's words: no escape sequences
 	if impl == "" {
 		impl = "(no implementation id)" // EXCHANGE_ID's eir_server_impl_id is optional
 	}
@@ -111,7 +100,7 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 		s.Writes.Load(), s.WriteBytes.Load(), s.Flushes.Load(), s.Fsyncs.Load(), s.WriteErrors.Load(), s.GetattrsAnswered.Load())
 	fmt.Fprintf(w, "fuse transport: %s ring_requests=%d\n", m.FS.FUSETransport(), m.FS.RingRequests())
 	if r := s.LastEIO.Load(); r != nil {
-		fmt.Fprintf(w, "eio: count=%d last=%s %s: %s\n", s.EIOs.Load(), r.Time.Format(time.RFC3339), r.Op, r.Err)
+		fmt.Fprintf(w, "eio: count=%d last=%s %s: %s\n", s.EIOs.Load(), r.Time.Format(time.RFC3339), r.Op, termSafe(r.Err))
 	}
 	// User-space copies of file data, by layer (the transport's line,
 	// "bytes copied", is under transport).
@@ -234,8 +223,7 @@ EXAMPLES:
 			if _, err := io.WriteString(conn, req+"\n"); err != nil {
 				return exitf(exitUsage, err, "stats socket of %s: %v", dir, err)
 			}
-			_, err = io.Copy(os.Stdout, conn)
-			return err
+			return copyOut(conn)
 		},
 	}
 }
@@ -247,8 +235,37 @@ func printRelayStats(port string) error {
 		return exitf(exitUsage, err, "no rdmafs relay on port %s (%v)", port, err)
 	}
 	defer conn.Close()
-	_, err = io.Copy(os.Stdout, conn)
+	return copyOut(conn)
+}
+
+// exitBrokenPipe is the exit status of a command whose standard output
+// was closed by its reader, the shell's for a death by SIGPIPE.
+const exitBrokenPipe = 128 + int(syscall.SIGPIPE)
+
+// copyOut copies r to standard output. A reader that has gone (rdmafs
+// stats | head -1) ends it quietly, as it ends cat.
+func copyOut(r io.Reader) error {
+	_, err := io.Copy(os.Stdout, r)
+	if errors.Is(err, syscall.EPIPE) {
+		return exitf(exitBrokenPipe, err, "")
+	}
 	return err
+}
+
+// termSafe returns s as it may be printed to a terminal: s itself when it
+// is valid UTF-8 made of printable characters and spaces, else s quoted
+// as a Go string (strconv.Quote), so that a string a server chose can
+// carry no control characters or escape sequences to the terminal.
+func termSafe(s string) string {
+	if !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // servingPID asks the mount on dir for the PID of its serving process.
