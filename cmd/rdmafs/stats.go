@@ -242,14 +242,21 @@ func printRelayStats(port string) error {
 // was closed by its reader, the shell's for a death by SIGPIPE.
 const exitBrokenPipe = 128 + int(syscall.SIGPIPE)
 
-// copyOut copies r to standard output. A reader that has gone (rdmafs
-// stats | head -1) ends it quietly, as it ends cat.
-func copyOut(r io.Reader) error {
-	_, err := io.Copy(os.Stdout, r)
-	if errors.Is(err, syscall.EPIPE) {
+// copyOut copies the answer on conn to standard output. A reader that
+// has gone (rdmafs stats | head -1) ends it quietly, as it ends cat. No
+// answer at all is an error: the socket answers only its own user and
+// root.
+func copyOut(conn net.Conn) error {
+	n, err := io.Copy(os.Stdout, conn)
+	switch {
+	case errors.Is(err, syscall.EPIPE):
 		return exitf(exitBrokenPipe, err, "")
+	case err != nil:
+		return exitf(exitUsage, err, "stats socket: %v", err)
+	case n == 0:
+		return exitf(exitUsage, nil, "the stats socket gave no answer (it answers only the user who started the process, and root)")
 	}
-	return err
+	return nil
 }
 
 // termSafe returns s as it may be printed to a terminal: s itself when it
