@@ -128,7 +128,11 @@ rdmafs also answers to mount.rdmafs and mount.fuse.rdmafs):
 FILES:
    /run/rdmafs/HASH.sock (root), $XDG_RUNTIME_DIR/rdmafs/HASH.sock or
    /tmp/rdmafs-UID/HASH.sock (other users): the stats socket of the mount
-   (see rdmafs stats --help); RDMAFS_RUN_DIR replaces the directory.
+   (see rdmafs stats --help), 0600; HASH.handles beside it, 0600, the NFS
+   file handles a remount needs. RDMAFS_RUN_DIR replaces the directory,
+   which must belong to the user and be writable by no one else (it is
+   made 0700 when missing); the mount refuses it otherwise. The --log file
+   and $RDMAFS_CPUPROFILE may not be symbolic links.
 
 EXIT STATUS:
    0   mounted

@@ -179,7 +179,12 @@ $XDG_RUNTIME_DIR/rdmafs/HASH.sock (or, without XDG_RUNTIME_DIR,
 /tmp/rdmafs-UID/HASH.sock, a directory private to the user) for mounts
 made by other users; HASH is a hash of the mountpoint. "rdmafs stats"
 looks in root's, its own user's and the mount owner's places.
-RDMAFS_RUN_DIR, when set, replaces all of them.
+RDMAFS_RUN_DIR, when set, replaces all of them. The mount refuses a
+directory that is not the user's own or that others may write to. The
+socket is 0600 and answers only the user who made the mount (or started
+the relay) and root. Strings the server chose (its implementation id,
+error texts) are printed quoted (Go syntax) when they hold control
+characters or invalid UTF-8.
 
 With --relay PORT it prints instead the counters of the "rdmafs relay"
 listening on PORT (its socket is relay-PORT.sock in the same places):
@@ -190,7 +195,8 @@ server connections); its limits; and a line per connection.
 
 EXIT STATUS:
    0 printed; 1 bad usage, or no rdmafs mount on the directory (no relay
-   on the port).
+   on the port), or no answer (another user's socket); 141 the reader of
+   the output went away (as a command killed by SIGPIPE).
 
 EXAMPLES:
    rdmafs stats /mnt
