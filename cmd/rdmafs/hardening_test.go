@@ -321,4 +321,11 @@ func TestStatsBrokenPipe(t *testing.T) {
 			t.Errorf("rdmafs %s | (reader gone): %v, stderr %q; want a failure with nothing on stderr", strings.Join(args, " "), err, stderr.String())
 		}
 	}
+	// The pipeline itself: whether head has gone by the time of a write
+	// varies, what reaches stderr does not.
+	errf := filepath.Join(t.TempDir(), "stderr")
+	sh(t, time.Minute, rdmafsBin(t)+" stats --stacks "+mnt+" 2>"+errf+" | head -1 >/dev/null")
+	if b, err := os.ReadFile(errf); err != nil || len(b) != 0 {
+		t.Errorf("rdmafs stats --stacks | head -1: stderr %q, %v; want nothing", b, err)
+	}
 }
