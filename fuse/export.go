@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -234,21 +235,10 @@ func (t *fileHandles) decode(b, root []byte) error {
 // a mount of the same place holds on it until its Shutdown saved it, and
 // loads it. The lock stays held until saveHandleCache.
 func (f *FS) openHandleCache(path string) {
-	fd, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	fd, err := lockHandleCache(path, time.Now().Add(handleCacheWait))
 	if err != nil {
 		f.trace("handle cache %s: %v", path, err)
 		return
-	}
-	for deadline := time.Now().Add(handleCacheWait); ; time.Sleep(20 * time.Millisecond) {
-		err = unix.Flock(int(fd.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			f.trace("handle cache %s: still locked: %v", path, err)
-			fd.Close()
-			return
-		}
 	}
 	b, err := io.ReadAll(io.LimitReader(fd, 64<<20))
 	if err == nil && len(b) > 0 {
@@ -260,11 +250,48 @@ func (f *FS) openHandleCache(path string) {
 	f.handleCache = fd
 }
 
+// lockHandleCache opens path (made 0600 if missing) and locks it. It
+// refuses a symbolic link (O_NOFOLLOW) and anything but a regular file:
+// a link planted at the cache's predictable name must not make a
+// privileged mount write through it. saveHandleCache renames a new file
+// over path, so the file locked is checked to be still the one at path,
+// and opened again when it is not.
+func lockHandleCache(path string, deadline time.Time) (*os.File, error) {
+	for {
+		fd, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		fi, err := fd.Stat()
+		if err == nil && !fi.Mode().IsRegular() {
+			err = errors.New("not a regular file")
+		}
+		if err != nil {
+			fd.Close()
+			return nil, err
+		}
+		for unix.Flock(int(fd.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+			if time.Now().After(deadline) {
+				fd.Close()
+				return nil, errors.New("still locked")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if cur, err := os.Lstat(path); err == nil && os.SameFile(cur, fi) {
+			return fd, nil
+		}
+		fd.Close() // saved and replaced while we waited
+	}
+}
+
 // handleCacheWait bounds how long a mount waits for the process that had
 // the same mount to save its handles.
 const handleCacheWait = 10 * time.Second
 
-// saveHandleCache writes the table back and releases the lock.
+// saveHandleCache writes the table back and releases the lock. It
+// writes a new file (O_EXCL, 0600) in the cache's directory and renames it
+// over the cache, so that it never writes to a file someone else put at
+// the cache's name; the rename comes before the lock is released.
 func (f *FS) saveHandleCache() error {
 	fd := f.handleCache
 	if fd == nil {
@@ -272,11 +299,20 @@ func (f *FS) saveHandleCache() error {
 	}
 	f.handleCache = nil
 	defer fd.Close()
-	b := f.handles.encode(f.c.RootFH())
-	if err := fd.Truncate(0); err != nil {
+	path := fd.Name()
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
 		return fmt.Errorf("handle cache: %w", err)
 	}
-	if _, err := fd.WriteAt(b, 0); err != nil {
+	_, err = tmp.Write(f.handles.encode(f.c.RootFH()))
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
 		return fmt.Errorf("handle cache: %w", err)
 	}
 	return nil

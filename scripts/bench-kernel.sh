@@ -49,7 +49,10 @@ gexec() { KPEER_SHELL_PORT=$KSHELL timeout 120 python3 test/kpeer/tools/gexec.py
 
 log "building rdmafs with the rdma-core provider (cgo)"
 CGO_ENABLED=1 go build -o "$W/rdmafs" ./cmd/rdmafs
-ldd "$W/rdmafs" | grep -q libibverbs || { echo "bench-kernel: rdmafs is not linked with libibverbs (libibverbs-dev, librdmacm-dev)" >&2; exit 1; }
+# Not "ldd | grep -q": under pipefail, grep leaving at the first match
+# can fail the pipeline (ldd gets SIGPIPE). Here-strings below likewise.
+libs=$(ldd "$W/rdmafs")
+grep -q libibverbs <<<"$libs" || { echo "bench-kernel: rdmafs is not linked with libibverbs (libibverbs-dev, librdmacm-dev)" >&2; exit 1; }
 FM=$(command -v fusermount3) || { echo "bench-kernel: fusermount3 (fuse3) is needed in the guest" >&2; exit 1; }
 GIT=$(command -v git) || { echo "bench-kernel: git is needed in the guest (the git-clone workload): apt-get install git" >&2; exit 1; }
 
@@ -83,10 +86,10 @@ for t in $TRANSPORTS; do
     out=$(gexec "cat /tmp/bk-$t.log")
     echo "$out" | tail -n +$((seen + 1)) | grep -E '^(MOUNTS|RESULT|OPS|FAILED)' >&2 || true
     seen=$(echo "$out" | wc -l)
-    echo "$out" | grep -q -E "^(DONE $t|FAILED)" && break
+    grep -q -E "^(DONE $t|FAILED)" <<<"$out" && break
     [ "$(date +%s)" -lt "$deadline" ] || { echo "bench-kernel: $t: no end after ${STEP_TIMEOUT:-7200} s" >&2; exit 1; }
   done
-  if echo "$out" | grep -q FAILED; then
+  if grep -q FAILED <<<"$out"; then
     echo "bench-kernel: $t failed:" >&2; echo "$out" | tail -20 >&2; exit 1
   fi
   echo "$out" | grep '^RESULT' >>"$RES"

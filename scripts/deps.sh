@@ -27,7 +27,9 @@ trap 'fail "command failed at line $LINENO (see output above)"' ERR
 [ "$(id -u)" = 0 ] || fail "must run as root (apt-get install, kpeer guest build)"
 command -v apt-get >/dev/null || fail "needs a Debian/Ubuntu system with apt-get"
 
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
+# The status in a variable: "dpkg-query | grep -q" can fail under pipefail
+# when grep leaves before dpkg-query has written.
+installed() { local st; st=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) && [[ $st == *"ok installed"* ]]; }
 
 missing=()
 for p in "${PKGS[@]}"; do installed "$p" || missing+=("$p"); done

@@ -93,8 +93,9 @@ EXAMPLES:
 Run "rdmafs COMMAND --help" for a command's options and exit codes.
 
 ENVIRONMENT:
-   RDMAFS_RUN_DIR    directory of the stats sockets, instead of
-                     /run/rdmafs (root) or the user's own
+   RDMAFS_RUN_DIR    directory of the stats sockets and handle caches,
+                     instead of /run/rdmafs (root) or the user's own;
+                     it must be the user's, writable by no one else
    XDG_RUNTIME_DIR   a non-root user's stats sockets go in
                      $XDG_RUNTIME_DIR/rdmafs (else /tmp/rdmafs-UID)
 

@@ -128,7 +128,11 @@ rdmafs also answers to mount.rdmafs and mount.fuse.rdmafs):
 FILES:
    /run/rdmafs/HASH.sock (root), $XDG_RUNTIME_DIR/rdmafs/HASH.sock or
    /tmp/rdmafs-UID/HASH.sock (other users): the stats socket of the mount
-   (see rdmafs stats --help); RDMAFS_RUN_DIR replaces the directory.
+   (see rdmafs stats --help), 0600; HASH.handles beside it, 0600, the NFS
+   file handles a remount needs. RDMAFS_RUN_DIR replaces the directory,
+   which must belong to the user and be writable by no one else (it is
+   made 0700 when missing); the mount refuses it otherwise. The --log file
+   and $RDMAFS_CPUPROFILE may not be symbolic links.
 
 EXIT STATUS:
    0   mounted
@@ -337,6 +341,9 @@ const shutdownTimeout = 60 * time.Second
 func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, notify func(error)) error {
 	if err := checkMountpoint(o.Dir); err != nil {
 		return err
+	}
+	if _, err := makeRunDir(); err != nil {
+		return exitf(exitUsage, err, "%v", err)
 	}
 	stopProfile, err := startCPUProfile()
 	if err != nil {

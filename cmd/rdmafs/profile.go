@@ -18,7 +18,8 @@ func startCPUProfile() (stop func(), err error) {
 	if path == "" {
 		return func() {}, nil
 	}
-	f, err := os.Create(path)
+	// A symbolic link is refused (openNoFollow): rdmafs often runs as root.
+	f, err := openNoFollow(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cpuProfileEnv, err)
 	}

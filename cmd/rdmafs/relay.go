@@ -429,7 +429,7 @@ func startRelayStats(r *relay, port string) (*relayStatsServer, error) {
 		return nil, fmt.Errorf("%s: another relay on port %s answers there", path, port)
 	}
 	os.Remove(path) // a stale socket of a relay that died
-	ln, err := net.Listen("unix", path)
+	ln, err := listenUnixPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}

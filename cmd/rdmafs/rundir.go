@@ -67,44 +67,74 @@ func statsSocket(dir string) string {
 	return filepath.Join(runDir(), socketName(dir))
 }
 
-// makeRunDir creates the directory of this process's stats sockets. A
-// non-root user's directory must be private: owned by the user and not
-// accessible to others, since another user could otherwise have made it
-// first and put their own socket in place of ours.
+// makeRunDir creates the directory of this process's stats sockets and
+// handle caches (0700) or checks the one there. Whoever's it is, it must
+// be private to this process's user: a real directory (not a symbolic
+// link) owned by the effective uid that no one else may write to, in a
+// parent no one else may rename it out of (one owned by the user or root,
+// writable by others only when sticky, as /tmp). Another user could
+// otherwise have made it first and put their own socket in place of ours,
+// or a link where we write a handle cache.
 func makeRunDir() (string, error) {
 	d := runDir()
-	uid := os.Geteuid()
-	if os.Getenv(runDirEnv) != "" || uid == 0 {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return "", fmt.Errorf("create %s: %w", d, err)
-		}
-		return d, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
-		return "", fmt.Errorf("create %s: %w", filepath.Dir(d), err)
-	}
-	if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return "", fmt.Errorf("create %s: %w", d, err)
-	}
-	if err := checkPrivateDir(d, uid); err != nil {
+	if err := ensureRunDir(d, os.Geteuid()); err != nil {
 		return "", err
 	}
 	return d, nil
 }
 
+// ensureRunDir makes d (0700) if it is missing, and checks it and its
+// parent as makeRunDir says.
+func ensureRunDir(d string, uid int) error {
+	parent := filepath.Dir(d)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	if err := checkRunDirParent(parent, uid); err != nil {
+		return err
+	}
+	if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	return checkPrivateDir(d, uid)
+}
+
 // checkPrivateDir checks that d is a directory (not a symbolic link)
-// owned by uid with no permissions for group or others.
+// owned by uid that neither group nor others may write to.
 func checkPrivateDir(d string, uid int) error {
 	fi, err := os.Lstat(d)
 	if err != nil {
-		return fmt.Errorf("stats directory: %w", err)
+		return fmt.Errorf("run directory: %w", err)
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !fi.IsDir() || !ok {
-		return fmt.Errorf("stats directory %s is not a directory (remove it)", d)
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("run directory %s is a symbolic link (refused: remove it, or set %s)", d, runDirEnv)
+	case !fi.IsDir() || !ok:
+		return fmt.Errorf("run directory %s is not a directory (remove it, or set %s)", d, runDirEnv)
+	case int(st.Uid) != uid:
+		return fmt.Errorf("run directory %s belongs to uid %d, not to uid %d (refused: remove it, or set %s)", d, st.Uid, uid, runDirEnv)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("run directory %s has mode %04o: others may write to it (refused: chmod go-w it)", d, fi.Mode().Perm())
 	}
-	if int(st.Uid) != uid || fi.Mode().Perm()&0o077 != 0 {
-		return fmt.Errorf("stats directory %s is not private to uid %d: owner %d, mode %04o (remove it)", d, uid, st.Uid, fi.Mode().Perm())
+	return nil
+}
+
+// checkRunDirParent checks that no one but uid and root can replace the
+// run directory in parent: parent is theirs, and others may write to it
+// only when it is sticky (where only the owner of a name can remove or
+// rename it).
+func checkRunDirParent(parent string, uid int) error {
+	fi, err := os.Stat(parent)
+	if err != nil {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || (int(st.Uid) != uid && st.Uid != 0) {
+		return fmt.Errorf("run directory's parent %s belongs to another user (refused: set %s)", parent, runDirEnv)
+	}
+	if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+		return fmt.Errorf("run directory's parent %s has mode %04o: others may replace the run directory (refused: chmod +t or go-w it)", parent, fi.Mode().Perm())
 	}
 	return nil
 }
@@ -241,11 +271,14 @@ const handleCacheMaxAge = 14 * 24 * time.Hour
 // to its Shutdown, fuse.Options.HandleCache).
 func pruneHandleCaches(dir, keep string, cutoff time.Time) {
 	names, _ := filepath.Glob(filepath.Join(dir, "*.handles"))
-	for _, name := range names {
-		if st, err := os.Stat(name); name == keep || err != nil || !st.ModTime().Before(cutoff) {
+	// The new file a Shutdown renames over its cache (fuse's
+	// saveHandleCache), left by a process that died before the rename.
+	temps, _ := filepath.Glob(filepath.Join(dir, ".*.handles.*"))
+	for _, name := range append(names, temps...) {
+		if st, err := os.Lstat(name); name == keep || err != nil || !st.Mode().IsRegular() || !st.ModTime().Before(cutoff) {
 			continue
 		}
-		f, err := os.Open(name)
+		f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 		if err != nil {
 			continue
 		}

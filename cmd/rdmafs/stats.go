@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,8 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 
@@ -28,9 +31,7 @@ type TransportStats interface {
 }
 
 type statsServer struct {
-	ln   net.Listener
-	path string
-	file os.FileInfo // the socket file, to unlink only our own
+	ln net.Listener
 }
 
 func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *atomic.Uint64) (*statsServer, error) {
@@ -38,20 +39,13 @@ func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *ato
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(d, socketName(o.Dir))
-	os.Remove(path) // a stale socket of a process that died; the mountpoint check passed
-	ln, err := net.Listen("unix", path)
+	// It replaces a stale socket of a process that died (the mountpoint
+	// check passed), and its Close unlinks the socket only while it is
+	// still this mount's: a later mount on the same directory (after a
+	// lazy unmount) has replaced it with its own.
+	ln, err := listenUnixPrivate(filepath.Join(d, socketName(o.Dir)))
 	if err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
-	}
-	// Close unlinks the socket only while it is still this mount's: a
-	// later mount on the same directory (after a lazy unmount) has
-	// replaced it with its own.
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	fi, err := os.Stat(path)
-	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("listen: %w", err)
+		return nil, err
 	}
 	start := time.Now()
 	go func() {
@@ -63,15 +57,10 @@ func startStats(o *mountOptions, m *fuse.Mount, t oncrpc.Transport, retrans *ato
 			serveStats(conn, o, m, t, retrans, start)
 		}
 	}()
-	return &statsServer{ln: ln, path: path, file: fi}, nil
+	return &statsServer{ln: ln}, nil
 }
 
-func (s *statsServer) Close() {
-	s.ln.Close()
-	if fi, err := os.Stat(s.path); err == nil && os.SameFile(fi, s.file) {
-		os.Remove(s.path)
-	}
-}
+func (s *statsServer) Close() { s.ln.Close() }
 
 // The stats socket's requests: a client writes one line, then reads the
 // answer until EOF. A client that writes nothing gets the statistics.
@@ -99,7 +88,7 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	fmt.Fprintf(w, "pid: %d\n", os.Getpid())
 	fmt.Fprintf(w, "device %s:%s mounted on %s with fstype fuse.rdmafs\n", o.Server, o.Export, o.Dir)
 	fmt.Fprintf(w, "opts: %s\n", o)
-	impl := c.ServerImpl()
+	impl := termSafe(c.ServerImpl()) // the server's words: no escape sequences
 	if impl == "" {
 		impl = "(no implementation id)" // EXCHANGE_ID's eir_server_impl_id is optional
 	}
@@ -111,7 +100,7 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 		s.Writes.Load(), s.WriteBytes.Load(), s.Flushes.Load(), s.Fsyncs.Load(), s.WriteErrors.Load(), s.GetattrsAnswered.Load())
 	fmt.Fprintf(w, "fuse transport: %s ring_requests=%d\n", m.FS.FUSETransport(), m.FS.RingRequests())
 	if r := s.LastEIO.Load(); r != nil {
-		fmt.Fprintf(w, "eio: count=%d last=%s %s: %s\n", s.EIOs.Load(), r.Time.Format(time.RFC3339), r.Op, r.Err)
+		fmt.Fprintf(w, "eio: count=%d last=%s %s: %s\n", s.EIOs.Load(), r.Time.Format(time.RFC3339), r.Op, termSafe(r.Err))
 	}
 	// User-space copies of file data, by layer (the transport's line,
 	// "bytes copied", is under transport).
@@ -190,7 +179,12 @@ $XDG_RUNTIME_DIR/rdmafs/HASH.sock (or, without XDG_RUNTIME_DIR,
 /tmp/rdmafs-UID/HASH.sock, a directory private to the user) for mounts
 made by other users; HASH is a hash of the mountpoint. "rdmafs stats"
 looks in root's, its own user's and the mount owner's places.
-RDMAFS_RUN_DIR, when set, replaces all of them.
+RDMAFS_RUN_DIR, when set, replaces all of them. The mount refuses a
+directory that is not the user's own or that others may write to. The
+socket is 0600 and answers only the user who made the mount (or started
+the relay) and root. Strings the server chose (its implementation id,
+error texts) are printed quoted (Go syntax) when they hold control
+characters or invalid UTF-8.
 
 With --relay PORT it prints instead the counters of the "rdmafs relay"
 listening on PORT (its socket is relay-PORT.sock in the same places):
@@ -201,7 +195,8 @@ server connections); its limits; and a line per connection.
 
 EXIT STATUS:
    0 printed; 1 bad usage, or no rdmafs mount on the directory (no relay
-   on the port).
+   on the port), or no answer (another user's socket); 141 the reader of
+   the output went away (as a command killed by SIGPIPE).
 
 EXAMPLES:
    rdmafs stats /mnt
@@ -234,8 +229,7 @@ EXAMPLES:
 			if _, err := io.WriteString(conn, req+"\n"); err != nil {
 				return exitf(exitUsage, err, "stats socket of %s: %v", dir, err)
 			}
-			_, err = io.Copy(os.Stdout, conn)
-			return err
+			return copyOut(conn)
 		},
 	}
 }
@@ -247,8 +241,44 @@ func printRelayStats(port string) error {
 		return exitf(exitUsage, err, "no rdmafs relay on port %s (%v)", port, err)
 	}
 	defer conn.Close()
-	_, err = io.Copy(os.Stdout, conn)
-	return err
+	return copyOut(conn)
+}
+
+// exitBrokenPipe is the exit status of a command whose standard output
+// was closed by its reader, the shell's for a death by SIGPIPE.
+const exitBrokenPipe = 128 + int(syscall.SIGPIPE)
+
+// copyOut copies the answer on conn to standard output. A reader that
+// has gone (rdmafs stats | head -1) ends it quietly, as it ends cat. No
+// answer at all is an error: the socket answers only its own user and
+// root.
+func copyOut(conn net.Conn) error {
+	n, err := io.Copy(os.Stdout, conn)
+	switch {
+	case errors.Is(err, syscall.EPIPE):
+		return exitf(exitBrokenPipe, err, "")
+	case err != nil:
+		return exitf(exitUsage, err, "stats socket: %v", err)
+	case n == 0:
+		return exitf(exitUsage, nil, "the stats socket gave no answer (it answers only the user who started the process, and root)")
+	}
+	return nil
+}
+
+// termSafe returns s as it may be printed to a terminal: s itself when it
+// is valid UTF-8 made of printable characters and spaces, else s quoted
+// as a Go string (strconv.Quote), so that a string a server chose can
+// carry no control characters or escape sequences to the terminal.
+func termSafe(s string) string {
+	if !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // servingPID asks the mount on dir for the PID of its serving process.

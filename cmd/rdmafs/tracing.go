@@ -24,12 +24,13 @@ func traceCategories(cctx *cli.Context) (trace.Category, error) {
 }
 
 // openLog opens the --log file for appending, or gives stderr when path
-// is empty; close closes what it opened.
+// is empty; close closes what it opened. A symbolic link is refused
+// (openNoFollow): rdmafs often runs as root.
 func openLog(path string) (w io.Writer, close func(), err error) {
 	if path == "" {
 		return os.Stderr, func() {}, nil
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	f, err := openNoFollow(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, nil, exitf(exitUsage, err, "--log: %v", err)
 	}

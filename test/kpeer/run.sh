@@ -16,6 +16,8 @@
 #                              concurrent run.sh invocations (flock on DIR/.lock)
 #   KPEER_BUILD_ONLY=1         install host packages, build the cache, then exit (no boot)
 #   KPEER_ACCEL=auto|kvm|tcg   (default auto: KVM if /dev/kvm is usable, else TCG at once)
+#   KPEER_KVM_START_PROBE=S    seconds a bare KVM vCPU must keep running in the probe
+#                              that tells a usable /dev/kvm (default 2; see kvm_usable)
 #   KPEER_MEM=MiB              (default 1024)
 #   KPEER_SMP=N                (default 1)
 #   KPEER_TIMEOUT=S            seconds to wait for READY (default 300)
@@ -435,6 +437,22 @@ boot() { # $1 = kvm|tcg
   echo "$acc" > "$R/accel"
   watch "$(cat "$PIDF")"
 }
+# kvm_usable: /dev/kvm is there and ours, and qemu can run a vCPU of the
+# KVM model on it. Under some nested hypervisors qemu aborts at the first
+# vCPU reset ("failed to set MSR ... Assertion failed"), which should not
+# reach the screen of a user who never asked for KVM: a bare guest (no
+# disk, no network) that still runs after KPEER_KVM_START_PROBE seconds
+# passes; what qemu said is in $R/kvm-probe.out.
+kvm_usable() {
+  [ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ] || return 1
+  local rc=0
+  # In a subshell whose stderr is the file (and which does not exec its
+  # command, hence the exit): the shell's own "Aborted" report of qemu's
+  # death goes there too.
+  (timeout "${KPEER_KVM_START_PROBE:-2}" qemu-system-x86_64 -machine q35 -accel kvm -cpu "${KPEER_KVM_CPU:-host}" -m 64 \
+    -display none -nodefaults -no-reboot -serial none -monitor none; exit $?) >"$R/kvm-probe.out" 2>&1 || rc=$?
+  [ "$rc" = 124 ] # still running when timeout ended it
+}
 wait_for() { # $1 = regex, $2 = seconds; returns 0 found, 1 timeout, 2 qemu died, 3 guest FAILED
   local end=$(( $(date +%s) + $2 ))
   while [ "$(date +%s)" -lt "$end" ]; do
@@ -448,7 +466,7 @@ wait_for() { # $1 = regex, $2 = seconds; returns 0 found, 1 timeout, 2 qemu died
 
 used=""
 if [ "$ACCEL" = auto ] || [ "$ACCEL" = kvm ]; then
-  if [ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ] && boot kvm; then
+  if kvm_usable && boot kvm; then
     msg "qemu started with KVM (pid $(cat "$PIDF")), probing ${KVM_PROBE}s for kernel banner"
     set +e; wait_for 'kpeer: uptime .*loading modules' "$KVM_PROBE"; rc=$?; set -e
     if [ $rc = 0 ]; then used=kvm; else
@@ -458,8 +476,8 @@ if [ "$ACCEL" = auto ] || [ "$ACCEL" = kvm ]; then
       if [ "$ACCEL" = kvm ]; then exit 1; fi
     fi
   else
-    if [ "$ACCEL" = kvm ]; then die "KVM unavailable (/dev/kvm) or qemu refused to start with it"; fi
-    msg "no usable /dev/kvm; using TCG"
+    if [ "$ACCEL" = kvm ]; then die "KVM unavailable (/dev/kvm), or qemu cannot run a KVM vCPU here ($R/kvm-probe.out), or refused to start with it"; fi
+    msg "no usable KVM (no /dev/kvm, or qemu cannot run a KVM vCPU here: $R/kvm-probe.out); using TCG"
   fi
 fi
 if [ -z "$used" ]; then
