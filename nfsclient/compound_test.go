@@ -233,17 +233,17 @@ func TestSlotTable(t *testing.T) {
 	if s0 != 0 || s1 != 1 || q0 != 1 || h != 1 {
 		t.Fatalf("slots %d %d seq %d highest %d", s0, s1, q0, h)
 	}
-	st.release(0, true, false, -1)
+	st.release(0, slotProcessed, -1)
 	if s, q, _, _ := st.acquire(ctx); s != 0 || q != 2 {
 		t.Fatalf("reacquired slot %d seq %d, want 0 2", s, q)
 	}
 	// A slot whose outcome is unknown is never reused.
-	st.release(0, false, true, -1)
-	st.release(1, true, false, -1)
+	st.release(0, slotUnknown, -1)
+	st.release(1, slotProcessed, -1)
 	if s, _, _, _ := st.acquire(ctx); s != 1 {
 		t.Fatalf("got slot %d, want 1 (0 is retired)", s)
 	}
-	st.release(1, false, true, -1)
+	st.release(1, slotUnknown, -1)
 	if _, _, _, err := st.acquire(ctx); !errors.Is(err, errNoSlots) {
 		t.Fatalf("all slots retired: err = %v", err)
 	}

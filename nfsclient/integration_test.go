@@ -37,26 +37,40 @@ type peer struct {
 	// nconnect, above 1, is the number of connections of an
 	// oncrpc.MultiTransport (nconnect_integration_test.go).
 	nconnect int
+	// offers names the optional NFSv4.2 operations the server (and the
+	// file system it exports) carries out; a test of such an operation
+	// runs where it is offered and checks the clean refusal elsewhere
+	// (requireOffered).
+	offers map[string]bool
 }
+
+// Optional operations each server offers here: knfsd (Linux 6.1, ext4
+// with user_xattr) does COPY and the xattr operations of RFC 8276;
+// nfs-ganesha 4.3's VFS FSAL does neither. Neither file system has
+// reflinks, so no peer offers CLONE.
+var (
+	knfsdOffers   = map[string]bool{"ALLOCATE": true, "DEALLOCATE": true, "COPY": true, "SETXATTR": true, "READ_PLUS": true}
+	ganeshaOffers = map[string]bool{"ALLOCATE": true, "DEALLOCATE": true}
+)
 
 // forEachPeer runs f against knfsd (kpeer) over TCP and over RPC-over-RDMA,
 // and nfs-ganesha over TCP, as subtests named after the server.
 func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
 	t.Run("knfsd", func(t *testing.T) {
 		k := testpeer.RequireKnfsd(t)
-		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", knfsd: k})
+		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", knfsd: k, offers: knfsdOffers})
 	})
 	t.Run("knfsd-rdma", func(t *testing.T) {
 		k := testpeer.RequireKnfsd(t)
-		f(t, peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", knfsd: k, rdma: true})
+		f(t, peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", knfsd: k, rdma: true, offers: knfsdOffers})
 	})
 	t.Run("ganesha", func(t *testing.T) {
 		g := testpeer.RequireGanesha(t)
-		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export})
+		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export, offers: ganeshaOffers})
 	})
 	t.Run("ganesha-rdma-v2", func(t *testing.T) {
 		addr := requireV2Relay(t)
-		f(t, peer{name: "ganesha-rdma-v2", addr: addr, export: testpeer.RequireGanesha(t).Export, rdma: true, v2: true})
+		f(t, peer{name: "ganesha-rdma-v2", addr: addr, export: testpeer.RequireGanesha(t).Export, rdma: true, v2: true, offers: ganeshaOffers})
 	})
 }
 

@@ -94,7 +94,7 @@ func (c *Client) send(ctx context.Context, cred oncrpc.Credential, cp *compound,
 	cp.sequence(s.id, seq, slot, highest)
 	build(cp)
 	if cp.err != nil {
-		s.slots.release(slot, false, false, -1)
+		s.slots.release(slot, slotUnused, -1)
 		return x, cp.err
 	}
 	x.start = time.Now()
@@ -106,24 +106,27 @@ func (c *Client) send(ctx context.Context, cred oncrpc.Credential, cp *compound,
 		// RPC-level rejection means it did not.
 		var ae *oncrpc.AcceptError
 		var de *oncrpc.DeniedError
-		known := errors.As(err, &ae) || errors.As(err, &de)
-		s.slots.release(slot, false, !known, -1)
+		outcome := slotUnknown
+		if errors.As(err, &ae) || errors.As(err, &de) {
+			outcome = slotUnused
+		}
+		s.slots.release(slot, outcome, -1)
 		c.traceCompound(cp, x.call, 0, err, x.start)
 		return x, err
 	}
 	if err := r.init(cp, rep); err != nil {
-		s.slots.release(slot, false, true, -1)
+		s.slots.release(slot, slotUnknown, -1)
 		rep.Release()
 		return x, err
 	}
 	st, target, flags, err := r.decodeSequence(s.id)
 	if err != nil {
-		s.slots.release(slot, false, true, -1)
+		s.slots.release(slot, slotUnknown, -1)
 		rep.Release()
 		return x, err
 	}
 	if st == StatusOK {
-		s.slots.release(slot, true, false, target)
+		s.slots.release(slot, slotProcessed, target)
 		c.lastRenew.Store(time.Now().UnixNano())
 		c.checkSeqFlags(flags)
 		x.rep = rep
@@ -132,7 +135,7 @@ func (c *Client) send(ctx context.Context, cred oncrpc.Credential, cp *compound,
 	rep.Release()
 	switch st {
 	case ErrBadSession, ErrDeadSession, ErrConnNotBound:
-		s.slots.release(slot, false, false, -1)
+		s.slots.release(slot, slotUnused, -1)
 		if inRecovery(ctx) {
 			// The server went away again during the recovery.
 			return x, &OpError{Op: "SEQUENCE", Status: st}
@@ -142,13 +145,13 @@ func (c *Client) send(ctx context.Context, cred oncrpc.Credential, cp *compound,
 		}
 		return x, errRetry
 	case ErrDelay:
-		s.slots.release(slot, false, false, -1)
+		s.slots.release(slot, slotUnused, -1)
 		return x, errRetry
 	case ErrBadSlot, ErrSeqMisordered, ErrSeqFalseRetry, ErrBadHighSlot:
-		s.slots.release(slot, false, true, -1)
+		s.slots.release(slot, slotUnknown, -1)
 		return x, errRetry
 	case ErrStaleClientID, ErrExpired:
-		s.slots.release(slot, false, false, -1)
+		s.slots.release(slot, slotUnused, -1)
 		if inRecovery(ctx) {
 			return x, &OpError{Op: "SEQUENCE", Status: st}
 		}
@@ -157,7 +160,7 @@ func (c *Client) send(ctx context.Context, cred oncrpc.Credential, cp *compound,
 		}
 		return x, errRetry
 	default:
-		s.slots.release(slot, false, false, -1)
+		s.slots.release(slot, slotUnused, -1)
 		return x, &OpError{Op: "SEQUENCE", Status: st}
 	}
 }

@@ -89,18 +89,32 @@ func (t *slotTable) acquire(ctx context.Context) (slot int, seq uint32, highest 
 	}
 }
 
-// release frees slot. done says the server processed the SEQUENCE (so the
-// slot's sequence ID advances); unknown says the outcome is not known, so
-// the slot is retired (RFC 8881 s2.10.6.1.2: reusing it risks a false
-// retry). target is the server's sr_target_highest_slotid, or -1.
-func (t *slotTable) release(slot int, done, unknown bool, target int) {
+// slotOutcome is what became of the SEQUENCE sent on a slot, as far as
+// the client knows.
+type slotOutcome int
+
+const (
+	// slotUnused: the server did not process the SEQUENCE (the call was
+	// never sent, was refused at the RPC level, or SEQUENCE failed with
+	// an error that does not consume the slot), so its sequence ID stays.
+	slotUnused slotOutcome = iota
+	// slotProcessed: the server processed it; the sequence ID advances.
+	slotProcessed
+	// slotUnknown: the outcome is not known, so the slot is retired
+	// (RFC 8881 s2.10.6.1.2: reusing it risks a false retry).
+	slotUnknown
+)
+
+// release frees slot after a call whose outcome is o. target is the
+// server's sr_target_highest_slotid from a processed SEQUENCE, or -1.
+func (t *slotTable) release(slot int, o slotOutcome, target int) {
 	t.use[slot].start.Store(0)
 	t.mu.Lock()
 	t.busy[slot] = false
-	if done {
+	switch o {
+	case slotProcessed:
 		t.seq[slot]++
-	}
-	if unknown {
+	case slotUnknown:
 		t.poisoned[slot] = true
 	}
 	if target >= 0 {

@@ -102,8 +102,13 @@ func TestServerNICReset(t *testing.T) {
 		}
 
 		stopBusy()
-		if err := <-busyDone; err != nil {
-			t.Errorf("%s: writing and reading over RDMA during the reset: %v", r.name, err)
+		select {
+		case err := <-busyDone:
+			if err != nil {
+				t.Errorf("%s: writing and reading over RDMA during the reset: %v", r.name, err)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("%s: a write or read over RDMA still hangs two minutes after the reset", r.name)
 		}
 		got, err := os.ReadFile(filepath.Join(dr, "before"))
 		if err != nil || !bytes.Equal(got, before) {
