@@ -164,6 +164,11 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	c.sysCred = oncrpc.AuthSys{MachineName: cfg.Hostname}.Credential()
 	c.cb = newCallbackServer(c)
 	if !cfg.NoBackChannel {
+		// Until CREATE_SESSION says what the back channel is, the
+		// transport holds the server to what the client offers.
+		if bl, ok := cfg.Transport.(oncrpc.BackwardLimiter); ok {
+			bl.SetBackwardLimits(cbSlots, cbMaxRequestSize)
+		}
 		cfg.Transport.SetCallHandler(c.cb)
 	}
 
