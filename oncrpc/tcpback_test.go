@@ -139,11 +139,10 @@ func TestTCPBackwardFloodBounded(t *testing.T) {
 // calls it got whole and the heads of those too big.
 type tooBigRecorder struct {
 	nullAnswerer
-	mu     sync.Mutex
-	whole  []int // sizes of the calls HandleCall got
-	heads  []int // len(head) of each HandleTooBig
-	sizes  []int // and size
-	answer bool  // whether HandleTooBig replies
+	mu    sync.Mutex
+	whole []int // sizes of the calls HandleCall got
+	heads []int // len(head) of each HandleTooBig
+	sizes []int // and size
 }
 
 func (r *tooBigRecorder) HandleCall(msg []byte) []byte {
