@@ -108,3 +108,45 @@ func roundTripRecord(t *testing.T, nc net.Conn, msg []byte) []byte {
 	}
 	return reply
 }
+
+// FuzzCallbackTooBig feeds arbitrary call heads to HandleTooBig: it never
+// panics, answers only a CB_COMPOUND, and then with its XID, the
+// request's tag and NFS4ERR_REQ_TOO_BIG at CB_SEQUENCE; the slot table
+// stays as it was.
+func FuzzCallbackTooBig(f *testing.F) {
+	f.Add(cbCall(1, cbSequence(testSession, 1, 0), cbRecall))
+	f.Add(cbCall(2, cbRecall))
+	f.Add(cbCall(3))
+	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, head []byte) {
+		s := newTestCallbackServer()
+		reply := s.HandleTooBig(head, len(head)+1)
+		if reply == nil {
+			return
+		}
+		h, args, err := oncrpc.ParseCall(head)
+		if err != nil || h.Prog != cbProgram || h.Proc != cbProcCompound {
+			t.Fatalf("answered a call that is no CB_COMPOUND (%v)", err)
+		}
+		xid, _, err := oncrpc.ParseReply(reply)
+		if err != nil || xid != h.XID {
+			t.Fatalf("reply to xid %#x: %v, for call %#x", xid, err, h.XID)
+		}
+		st, res := cbStatuses(t, reply)
+		if st != ErrReqTooBig || len(res) != 1 || res[0] != [2]uint32{opCBSequence, uint32(ErrReqTooBig)} {
+			t.Fatalf("status %v results %v", st, res)
+		}
+		tag := xdr.NewDecoder(args).Opaque(maxTagLen)
+		_, rres, _ := oncrpc.ParseReply(reply)
+		d := xdr.NewDecoder(rres)
+		d.Uint32()
+		if got := d.Opaque(maxTagLen); string(got) != string(tag) {
+			t.Fatalf("tag %q, want %q", got, tag)
+		}
+		for i, sl := range s.slots {
+			if sl.seq != 0 || sl.reply != nil {
+				t.Fatalf("slot %d changed: %+v", i, sl)
+			}
+		}
+	})
+}
