@@ -32,6 +32,8 @@ const (
 
 	// cbSlots is the number of back channel slots we ask for.
 	cbSlots = 4
+	// cbMaxRequestSize is the largest CB_COMPOUND call we ask to get.
+	cbMaxRequestSize = 4096
 )
 
 // callbackServer serves the NFSv4.1 callback program on the back channel
@@ -61,6 +63,19 @@ type cbSlot struct {
 
 func newCallbackServer(c *Client) *callbackServer {
 	return &callbackServer{c: c, delegs: newDelegTable()}
+}
+
+// backChannelLimits returns the back channel's ca_maxrequests and
+// ca_maxrequestsize as CREATE_SESSION negotiated them (RFC 8881 s18.36),
+// within what the client offered and its slot table holds: the transport
+// serves no more calls at once, and refuses larger ones (HandleTooBig).
+func backChannelLimits(back channelAttrs4) (calls, size int) {
+	calls = max(1, min(int(back.maxrequests), 64))
+	size = cbMaxRequestSize
+	if back.maxrequestsize > 0 && back.maxrequestsize < cbMaxRequestSize {
+		size = int(back.maxrequestsize)
+	}
+	return calls, size
 }
 
 func (s *callbackServer) setSession(id SessionID, nslots int) {
@@ -97,6 +112,42 @@ func (s *callbackServer) HandleCall(msg []byte) []byte {
 	default:
 		oncrpc.AppendAcceptedReply(&e, h.XID, oncrpc.ProcUnavail, 0, 0)
 	}
+	return e.Bytes()
+}
+
+// HandleTooBig answers a backward call larger than the back channel's
+// ca_maxrequestsize, of which the transport read only head (size bytes
+// in all): a CB_COMPOUND gets NFS4ERR_REQ_TOO_BIG from its CB_SEQUENCE
+// (RFC 8881 s18.36.3: "If a requester sends a request that exceeds
+// ca_maxrequestsize, the error NFS4ERR_REQ_TOO_BIG will be returned per
+// the description in Section 2.10.6.4"; s20.9.3 lists it for
+// CB_SEQUENCE), as a server's SEQUENCE answers on the fore channel.
+// Anything else, or a call whose head does not hold the CB_COMPOUND's
+// first operation, gets no reply.
+func (s *callbackServer) HandleTooBig(head []byte, size int) []byte {
+	h, args, err := oncrpc.ParseCall(head)
+	if err != nil || h.Prog != cbProgram || h.Vers != cbVersion || h.Proc != cbProcCompound {
+		s.c.trace("callback: dropping a %d-byte call beyond the back channel's limit", size)
+		return nil
+	}
+	d := xdr.NewDecoder(args)
+	tag := d.Opaque(maxTagLen)
+	d.Uint32() // minorversion
+	d.Uint32() // callback_ident
+	nops := d.Uint32()
+	op := d.Uint32()
+	if d.Err() != nil || nops == 0 || op != opCBSequence {
+		s.c.trace("callback xid=%#x: dropping a %d-byte call beyond the back channel's limit", h.XID, size)
+		return nil
+	}
+	s.c.trace("callback xid=%#x: %d bytes, beyond the back channel's limit: NFS4ERR_REQ_TOO_BIG", h.XID, size)
+	var e xdr.Encoder
+	oncrpc.AppendAcceptedReply(&e, h.XID, oncrpc.Success, 0, 0)
+	e.Uint32(uint32(ErrReqTooBig))
+	e.Opaque(tag)
+	e.Uint32(1)
+	e.Uint32(opCBSequence)
+	e.Uint32(uint32(ErrReqTooBig))
 	return e.Bytes()
 }
 

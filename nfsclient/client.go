@@ -113,7 +113,7 @@ type Client struct {
 	copies   copyTable     // asynchronous COPYs waiting for CB_OFFLOAD
 
 	stats     Stats
-	credCache sync.Map // credKey -> oncrpc.Credential
+	credCache credLRU // Cred's encoded credentials, the most recently used
 
 	closing   context.Context // done once Close or Abandon has begun
 	stop      context.CancelFunc
@@ -164,6 +164,11 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	c.sysCred = oncrpc.AuthSys{MachineName: cfg.Hostname}.Credential()
 	c.cb = newCallbackServer(c)
 	if !cfg.NoBackChannel {
+		// Until CREATE_SESSION says what the back channel is, the
+		// transport holds the server to what the client offers.
+		if bl, ok := cfg.Transport.(oncrpc.BackwardLimiter); ok {
+			bl.SetBackwardLimits(cbSlots, cbMaxRequestSize)
+		}
 		cfg.Transport.SetCallHandler(c.cb)
 	}
 
@@ -293,7 +298,8 @@ func (c *Client) Abandon() {
 }
 
 // Cred returns the AUTH_SYS credential of a caller, cached so that each
-// call does not encode it again.
+// call does not encode it again: the maxCachedCreds most recently used
+// are kept.
 func (c *Client) Cred(uid, gid uint32, groups []uint32) oncrpc.Credential {
 	var kb strings.Builder
 	fmt.Fprintf(&kb, "%d:%d", uid, gid)
@@ -301,11 +307,11 @@ func (c *Client) Cred(uid, gid uint32, groups []uint32) oncrpc.Credential {
 		fmt.Fprintf(&kb, ",%d", g)
 	}
 	key := kb.String()
-	if v, ok := c.credCache.Load(key); ok {
-		return v.(oncrpc.Credential)
+	if cred, ok := c.credCache.get(key); ok {
+		return cred
 	}
 	cred := oncrpc.AuthSys{MachineName: c.cfg.Hostname, UID: uid, GID: gid, GIDs: groups}.Credential()
-	c.credCache.Store(key, cred)
+	c.credCache.put(key, cred)
 	return cred
 }
 

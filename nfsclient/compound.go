@@ -480,13 +480,20 @@ func (o *readDirOp) encodeArgs(cp *compound) {
 	cp.maxRep += int(o.args.maxcount)
 }
 
+// decodeRes decodes READDIR4resok, which is at most maxcount bytes (RFC
+// 8881 s18.23.3): a reply larger is refused before its entries cost more
+// than the few a maxcount holds.
 func (o *readDirOp) decodeRes(r *results) error {
+	start := r.d.Offset()
 	copy(o.verf[:], r.d.FixedOpaque(8))
 	for r.d.Err() == nil && r.d.Bool() {
 		var ent DirEntry
 		ent.Cookie = r.d.Uint64()
 		ent.Name = r.d.String(maxNameLen)
 		decodeFattr(&r.d, &ent.Attr)
+		if n := r.d.Offset() - start; n > int(o.args.maxcount) {
+			return fmt.Errorf("%w: READDIR reply of more than its maxcount of %d bytes", ErrProtocol, o.args.maxcount)
+		}
 		o.entries = append(o.entries, ent)
 	}
 	o.eof = r.d.Bool()

@@ -1640,7 +1640,7 @@ func (v *exchangeId4resok) decode(d *xdr.Decoder) {
 	v.stateProtect.decode(d)
 	v.serverOwner.decode(d)
 	v.serverScope = append([]byte(nil), d.Opaque(nfs4OpaqueLimit)...)
-	v.serverImplId = make([]nfsImplId4, d.Length(1))
+	v.serverImplId = make([]nfsImplId4, d.Count(1, 20))
 	for i := range v.serverImplId {
 		v.serverImplId[i].decode(d)
 	}
@@ -1677,7 +1677,7 @@ func (v *channelAttrs4) decode(d *xdr.Decoder) {
 	v.maxresponsesizeCached = d.Uint32()
 	v.maxoperations = d.Uint32()
 	v.maxrequests = d.Uint32()
-	v.rdmaIrd = make([]uint32, d.Length(1))
+	v.rdmaIrd = make([]uint32, d.Count(1, 4))
 	for i := range v.rdmaIrd {
 		v.rdmaIrd[i] = d.Uint32()
 	}
@@ -1791,7 +1791,7 @@ type secinfoNoName4resok struct {
 }
 
 func (v *secinfoNoName4resok) decode(d *xdr.Decoder) {
-	v.flavors = make([]secinfo4, d.Length(64))
+	v.flavors = make([]secinfo4, d.Count(64, 4))
 	for i := range v.flavors {
 		v.flavors[i].decode(d)
 	}
@@ -1931,7 +1931,7 @@ type writeResponse4 struct {
 }
 
 func (v *writeResponse4) decode(d *xdr.Decoder) {
-	v.callbackId = make([]StateID, d.Length(1))
+	v.callbackId = make([]StateID, d.Count(1, 16))
 	for i := range v.callbackId {
 		v.callbackId[i].decode(d)
 	}
@@ -1988,7 +1988,7 @@ type offloadStatus4resok struct {
 
 func (v *offloadStatus4resok) decode(d *xdr.Decoder) {
 	v.count = d.Uint64()
-	v.complete = make([]Status, d.Length(1))
+	v.complete = make([]Status, d.Count(1, 4))
 	for i := range v.complete {
 		v.complete[i] = Status(d.Uint32())
 	}
@@ -2115,7 +2115,7 @@ type listxattrs4resok struct {
 
 func (v *listxattrs4resok) decode(d *xdr.Decoder) {
 	v.cookie = d.Uint64()
-	v.names = make([]string, d.Length(xdrMaxLen))
+	v.names = make([]string, d.Count(xdrMaxLen, 4))
 	for i := range v.names {
 		v.names[i] = d.String(nfs4NameLimit)
 	}

@@ -497,29 +497,6 @@ func (c *Client) readDir(ctx context.Context, cred oncrpc.Credential, dir []byte
 	return ReadDirPage{Entries: op.entries, Verf: op.verf, EOF: op.eof}, err
 }
 
-type readDirFunc func(ctx context.Context, cred oncrpc.Credential, dir []byte, cookie uint64, verf [8]byte, maxBytes int) (ReadDirPage, error)
-
-// readDirAll reads pages with page until the server says EOF.
-func (c *Client) readDirAll(ctx context.Context, cred oncrpc.Credential, dir []byte, page readDirFunc) ([]DirEntry, error) {
-	var all []DirEntry
-	var cookie uint64
-	var verf [8]byte
-	for {
-		p, err := page(ctx, cred, dir, cookie, verf, 0)
-		if err != nil {
-			return all, err
-		}
-		all = append(all, p.Entries...)
-		if p.EOF {
-			return all, nil
-		}
-		if len(p.Entries) == 0 {
-			return all, fmt.Errorf("%w: READDIR returned no entries and no EOF", ErrProtocol)
-		}
-		cookie, verf = p.Entries[len(p.Entries)-1].Cookie, p.Verf
-	}
-}
-
 // StatFS returns the file system attributes of fh's file system.
 func (c *Client) StatFS(ctx context.Context, cred oncrpc.Credential, fh []byte) (Attr, error) {
 	var a Attr

@@ -69,7 +69,7 @@ func (c *Client) createSession(ctx context.Context) (*session, error) {
 			maxoperations:         16,
 			maxrequests:           uint32(c.cfg.MaxRequests),
 		},
-		backChanAttrs: channelAttrs4{maxrequestsize: 4096, maxresponsesize: 4096, maxoperations: 8, maxrequests: cbSlots},
+		backChanAttrs: channelAttrs4{maxrequestsize: cbMaxRequestSize, maxresponsesize: 4096, maxoperations: 8, maxrequests: cbSlots},
 		cbProgram:     cbProgram,
 		secParms: []callbackSecParms4{
 			{flavor: authNone},
@@ -115,6 +115,11 @@ func (c *Client) establish(ctx context.Context, newClient bool) error {
 	}
 	c.sess.Store(s)
 	c.cb.setSession(s.id, int(s.back.maxrequests))
+	if bl, ok := c.cfg.Transport.(oncrpc.BackwardLimiter); ok {
+		calls, size := backChannelLimits(s.back)
+		bl.SetBackwardLimits(calls, size)
+		c.trace("back channel: %d calls at once, of at most %d bytes", calls, size)
+	}
 	if err := c.bindConnections(ctx); err != nil {
 		return err
 	}

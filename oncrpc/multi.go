@@ -111,6 +111,16 @@ func (m *MultiTransport) SetCallHandler(h CallHandler) {
 	}
 }
 
+// SetBackwardLimits sets the backward-call limits of every connection
+// that has them (BackwardLimiter).
+func (m *MultiTransport) SetBackwardLimits(calls, size int) {
+	for _, c := range m.conns {
+		if bl, ok := c.tr.(BackwardLimiter); ok {
+			bl.SetBackwardLimits(calls, size)
+		}
+	}
+}
+
 // Close closes every connection, the first one last (the others may
 // share its resources, as RPC-over-RDMA connections share registered
 // memory).

@@ -40,7 +40,7 @@ func serveConn(nc net.Conn, h CallHandler) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		msg, err := readRecord(br, 64<<20)
+		msg, _, err := readRecord(br, 64<<20, 64<<20)
 		if err != nil {
 			return
 		}

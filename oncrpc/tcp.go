@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -50,7 +49,8 @@ type TCPTransport struct {
 	closed bool
 	gen    uint64
 
-	handler atomic.Pointer[CallHandler]
+	handler  atomic.Pointer[CallHandler]
+	bwLimits backwardLimits // backward calls: how many at once, how large (tcpback.go)
 }
 
 // NewTCPTransport returns a transport to addr ("host:port"). It connects
@@ -200,6 +200,8 @@ type tcpConn struct {
 	pending map[uint32]chan tcpResult
 	err     error // set once when the connection dies
 	dead    chan struct{}
+
+	bw backwardGate // backward calls being served (tcpback.go)
 }
 
 func (c *tcpConn) isDead() bool {
@@ -323,7 +325,8 @@ func (c *tcpConn) deadErr() error {
 func (c *tcpConn) readLoop() {
 	br := bufio.NewReaderSize(c.nc, 64<<10)
 	for {
-		msg, err := readRecord(br, c.t.opts.MaxRecord)
+		_, maxCall := c.t.bwLimits.get()
+		msg, size, err := readRecord(br, c.t.opts.MaxRecord, maxCall)
 		if err != nil {
 			if errors.Is(err, errRecordTooLarge) {
 				c.fail(fmt.Errorf("%w: %s: %w", ErrConnection, c.t.addr, err))
@@ -338,7 +341,9 @@ func (c *tcpConn) readLoop() {
 			continue // too short to be RPC; nothing to match it to
 		}
 		if mt == MsgCall {
-			go c.serveCall(msg)
+			if !c.serveBackward(msg, size) {
+				return // the connection died while the call waited
+			}
 			continue
 		}
 		xid := binary.BigEndian.Uint32(msg.buf)
@@ -354,51 +359,4 @@ func (c *tcpConn) readLoop() {
 	}
 }
 
-func (c *tcpConn) serveCall(msg *buffer) {
-	defer putBuffer(msg)
-	hp := c.t.handler.Load()
-	var reply []byte
-	if hp != nil && *hp != nil {
-		reply = (*hp).HandleCall(msg.buf)
-	} else if h, _, err := ParseCall(msg.buf); err == nil {
-		var e xdrEncoder
-		AppendAcceptedReply(&e.Encoder, h.XID, ProgUnavail, 0, 0)
-		reply = e.Bytes()
-	}
-	if reply != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c.writeRecord(ctx, [][]byte{reply})
-	}
-}
-
 var errRecordTooLarge = errors.New("record too large")
-
-// readRecord reads one record, joining its fragments (RFC 5531 s11).
-func readRecord(r io.Reader, maxRecord int) (*buffer, error) {
-	var hdr [4]byte
-	msg := getBuffer(0)
-	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			putBuffer(msg)
-			return nil, err
-		}
-		w := binary.BigEndian.Uint32(hdr[:])
-		n := int(w &^ lastFragment)
-		if len(msg.buf)+n > maxRecord {
-			putBuffer(msg)
-			return nil, fmt.Errorf("%w: more than %d bytes", errRecordTooLarge, maxRecord)
-		}
-		msg.grow(n)
-		if _, err := io.ReadFull(r, msg.buf[len(msg.buf)-n:]); err != nil {
-			putBuffer(msg)
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return nil, err
-		}
-		if w&lastFragment != 0 {
-			return msg, nil
-		}
-	}
-}

@@ -109,7 +109,7 @@ func (s *echoServer) serveConn(c net.Conn) {
 		s.onConn(c, bw, &wmu)
 	}
 	for {
-		msg, err := readRecord(br, 1<<30)
+		msg, _, err := readRecord(br, 1<<30, 1<<30)
 		if err != nil {
 			return
 		}

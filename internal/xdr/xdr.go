@@ -219,6 +219,23 @@ func (d *Decoder) Length(max int) int {
 	return int(v)
 }
 
+// Count reads an array's count and checks it against max and against
+// the bytes left, each element taking at least minSize bytes on the wire
+// (its least XDR encoding): a count its bytes cannot hold is an error
+// before anything is allocated for it, so a decoder's allocations stay
+// within a multiple of its input.
+func (d *Decoder) Count(max, minSize int) int {
+	n := d.Length(max)
+	if d.err != nil || minSize <= 1 {
+		return n
+	}
+	if left := len(d.buf) - d.off; n > left/minSize {
+		d.err = fmt.Errorf("%w: %d items of at least %d bytes at offset %d, have %d", ErrShort, n, minSize, d.off-4, left)
+		return 0
+	}
+	return n
+}
+
 // String reads a string of at most max bytes.
 func (d *Decoder) String(max int) string { return string(d.Opaque(max)) }
 

@@ -73,3 +73,21 @@ func TestBadBool(t *testing.T) {
 		t.Fatal("bool 2 accepted")
 	}
 }
+
+// TestCount: a count is bounded by the bytes left over the elements'
+// least size, where Length bounds it by the bytes alone.
+func TestCount(t *testing.T) {
+	b := []byte{0, 0, 0, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
+	if n := NewDecoder(b).Length(100); n != 3 {
+		t.Fatalf("Length = %d, want 3", n)
+	}
+	for _, tc := range []struct {
+		min, want int
+		ok        bool
+	}{{1, 3, true}, {2, 3, true}, {3, 3, true}, {4, 0, false}, {16, 0, false}} {
+		d := NewDecoder(b)
+		if n := d.Count(100, tc.min); n != tc.want || (d.Err() == nil) != tc.ok {
+			t.Errorf("Count(100, %d) = %d, %v; want %d, ok %v", tc.min, n, d.Err(), tc.want, tc.ok)
+		}
+	}
+}

@@ -292,7 +292,13 @@ func (g *gen) dec(d decl, v string) {
 	case d.varlen:
 		e := d
 		e.varlen = false
-		g.p("%s = make([]%s, d.Length(%s))", v, g.goType(e), g.bound(d.bound))
+		// A count is bounded by the bytes left over the element's
+		// least size, so no count makes more than the input holds.
+		if n := g.minSize(e, nil); n > 1 {
+			g.p("%s = make([]%s, d.Count(%s, %d))", v, g.goType(e), g.bound(d.bound), n)
+		} else {
+			g.p("%s = make([]%s, d.Length(%s))", v, g.goType(e), g.bound(d.bound))
+		}
 		g.p("for i := range %s {", v)
 		g.decElem(e, v+"[i]")
 		g.p("}")

@@ -5,7 +5,8 @@
 // Besides the XDR definitions, the description holds directives, one a
 // line, starting with '%':
 //
-//	%extern xdrname GoType        a type with hand-written encode/decode methods
+//	%extern xdrname GoType [N]    a type with hand-written encode/decode methods,
+//	                              whose least XDR encoding is N bytes (default 0)
 //	%gotype enumname GoType       the Go type an enum's fields have (default uint32)
 //	%op NUM NAME Stem key=value... flags
 //
@@ -83,6 +84,7 @@ type spec struct {
 	types   map[string]*typeDef
 	order   []string
 	externs map[string]string
+	extMin  map[string]int // an extern's least XDR size
 	gotypes map[string]string
 	ops     []*opDef
 	roots   map[string]int // type -> dirEncode|dirDecode
@@ -181,7 +183,7 @@ func parse(src string) (*spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &spec{types: map[string]*typeDef{}, externs: map[string]string{}, gotypes: map[string]string{}, roots: map[string]int{}}
+	s := &spec{types: map[string]*typeDef{}, externs: map[string]string{}, extMin: map[string]int{}, gotypes: map[string]string{}, roots: map[string]int{}}
 	for l.peek() != "" {
 		doc := l.doc[l.pos]
 		switch kw := l.next(); kw {
@@ -389,6 +391,14 @@ func (s *spec) directive(line string) error {
 	}
 	switch f[0] {
 	case "extern", "gotype":
+		if f[0] == "extern" && len(f) == 4 {
+			n, err := strconv.Atoi(f[3])
+			if err != nil || n < 0 {
+				return fmt.Errorf("extern %s: bad least size %q", f[1], f[3])
+			}
+			s.extMin[f[1]] = n
+			f = f[:3]
+		}
 		if len(f) != 3 {
 			return fmt.Errorf("want %s xdrname GoType", f[0])
 		}
