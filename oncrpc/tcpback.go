@@ -220,6 +220,10 @@ func readRecord(r io.Reader, maxRecord, maxCall int) (msg *buffer, size int, err
 	}
 }
 
+// fragmentChunk is the most a fragment's buffer grows ahead of the bytes
+// read into it.
+const fragmentChunk = 256 << 10
+
 // readFragment appends a fragment of n bytes to msg, up to maxCall bytes
 // in all once msg holds a call's header, and drops the rest.
 func readFragment(r io.Reader, msg *buffer, n, maxCall int) error {
@@ -234,6 +238,10 @@ func readFragment(r io.Reader, msg *buffer, n, maxCall int) error {
 			_, err := io.CopyN(io.Discard, r, int64(n))
 			return err
 		}
+		// The buffer grows with the bytes that arrive, not with the
+		// length a header claims: a peer that announces a 64 MiB
+		// fragment and sends nothing more holds no 64 MiB.
+		keep = min(keep, fragmentChunk)
 		msg.grow(keep)
 		if _, err := io.ReadFull(r, msg.buf[len(msg.buf)-keep:]); err != nil {
 			return err
