@@ -15,7 +15,8 @@ import (
 func TestReadRecordGrowsWithData(t *testing.T) {
 	var in bytes.Buffer
 	binary.Write(&in, binary.BigEndian, uint32(lastFragment|64<<20))
-	in.Write(make([]byte, 100))
+	binary.Write(&in, binary.BigEndian, [2]uint32{7, uint32(MsgReply)}) // a reply: kept whole
+	in.Write(make([]byte, 92))
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	_, _, err := readRecord(&in, 128<<20, 4096)
