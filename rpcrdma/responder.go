@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,22 @@ type ResponderConfig struct {
 	// may go unanswered before the connection is closed. Zero means
 	// 30 s.
 	ReadTimeout time.Duration
+	// Allow, if set, decides from a connection's peer address whether
+	// it is served; it is asked before anything is posted for the
+	// connection (responder_gate.go). A refused one is counted in
+	// ResponderStats.NotAllowed.
+	Allow func(peer net.Addr) bool
+	// MaxConns bounds the connections served at once, MaxConnsPerSource
+	// those from one source (an IPv4 address or an IPv6 /64), so that
+	// one source cannot keep the others out. Zero means no bound.
+	MaxConns, MaxConnsPerSource int
+	// IdleTimeout closes a connection that has received nothing and
+	// had no call in progress for this long. Zero means never.
+	IdleTimeout time.Duration
+	// OnRefuse, if set, is told of each connection Allow or a bound
+	// refused, and why (an error wrapping ErrNotAllowed or
+	// ErrTooManyConns).
+	OnRefuse func(peer net.Addr, reason error)
 }
 
 // Responder is the server side of RPC-over-RDMA: it accepts connections,
@@ -91,6 +108,7 @@ type Responder struct {
 	sendInvs    atomic.Uint64
 	optErrors   atomic.Uint64 // RDMA_ERRORs sent for RDMA_OPTIONALs
 	stats       responderCounters
+	gate        connGate
 }
 
 // SendInvalidates returns how many replies used Send With Invalidate.
@@ -213,21 +231,29 @@ func (s *Responder) busy() bool {
 
 // connSetup is what setupQP prepared for a connection.
 type connSetup struct {
-	bufs [][]byte
-	mem  *connBudget
+	bufs  [][]byte
+	mem   *connBudget
+	src   string        // the source admit counted the connection against
+	taken chan struct{} // closed once acceptLoop owns the connection
 }
 
 // setupQP posts a new connection's receive buffers before it is
 // accepted, from the connection's share of registered memory; if the
 // slab has no room for them in setupWait, the connection is refused.
 func (s *Responder) setupQP(qp verbs.QueuePair) error {
+	src, err := s.admit(qp.RemoteAddr())
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupWait)
 	defer cancel()
-	cs := &connSetup{bufs: make([][]byte, 0, s.recvCount()), mem: newConnBudget(s.cfg.ConnMemory / 2)}
+	cs := &connSetup{bufs: make([][]byte, 0, s.recvCount()), mem: newConnBudget(s.cfg.ConnMemory / 2),
+		src: src, taken: make(chan struct{})}
 	fail := func(err error) error {
 		for _, b := range cs.bufs {
 			_ = s.pool.Put(b)
 		}
+		s.release(src)
 		return err
 	}
 	for i := range cap(cs.bufs) {
@@ -241,6 +267,7 @@ func (s *Responder) setupQP(qp verbs.QueuePair) error {
 		}
 	}
 	s.recvBufs.Store(qp, cs)
+	go s.unclaimed(qp, cs)
 	return nil
 }
 
@@ -273,22 +300,22 @@ func (s *Responder) acceptLoop() {
 		if err != nil {
 			return
 		}
-		peer, _, err := ParsePrivateData(qp.PeerPrivateData())
-		if err != nil {
-			qp.Close()
-			if v, ok := s.recvBufs.LoadAndDelete(qp); ok {
-				for _, b := range v.(*connSetup).bufs {
-					_ = s.pool.Put(b)
-				}
-			}
-			continue
-		}
 		v, ok := s.recvBufs.LoadAndDelete(qp)
 		if !ok {
 			qp.Close()
 			continue
 		}
 		cs := v.(*connSetup)
+		close(cs.taken)
+		peer, _, err := ParsePrivateData(qp.PeerPrivateData())
+		if err != nil {
+			qp.Close()
+			for _, b := range cs.bufs {
+				_ = s.pool.Put(b)
+			}
+			s.release(cs.src)
+			continue
+		}
 		c := &serverConn{s: s, qp: qp, recvBufs: cs.bufs, mem: cs.mem, out: newConnBudget(s.cfg.ConnMemory / 2), slots: make(chan struct{}, s.cfg.Credits),
 			privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
 			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars, handler: s.cfg.Handler,
@@ -308,6 +335,7 @@ func (s *Responder) acceptLoop() {
 				s.mu.Lock()
 				delete(s.conns, c)
 				s.mu.Unlock()
+				s.release(cs.src)
 			}()
 			if s.cfg.NewConn != nil {
 				h, err := s.cfg.NewConn(&ResponderConn{c: c})
@@ -371,8 +399,9 @@ type serverConn struct {
 	growXID   uint32
 
 	inFlight     atomic.Int64
-	readTimedOut atomic.Bool // a Read chunk went unanswered past ReadTimeout
-	sendMu       sync.Mutex  // orders a reply's RDMA Writes before its Send
+	lastRecv     atomic.Int64 // when the last message arrived, in Unix nanoseconds (IdleTimeout)
+	readTimedOut atomic.Bool  // a Read chunk went unanswered past ReadTimeout
+	sendMu       sync.Mutex   // orders a reply's RDMA Writes before its Send
 	wr           atomic.Uint64
 	doneMu       sync.Mutex
 	onDone       map[uint64]wrDone // by WRID, run by sendLoop; guarded by doneMu
@@ -393,7 +422,9 @@ func (c *serverConn) serve() {
 		defer close(sendDone)
 		c.sendLoop(ctx)
 	}()
+	stopIdle := c.watchIdle()
 	defer func() {
+		stopIdle()
 		// Closing flushes every work request; the send loop then runs
 		// their completions, which give the buffers back.
 		c.qp.Close()
@@ -421,6 +452,7 @@ func (c *serverConn) serve() {
 		if err != nil {
 			return
 		}
+		c.touch()
 		for _, w := range wc[:n] {
 			if w.Status != verbs.StatusSuccess {
 				return
