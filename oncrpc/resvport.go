@@ -29,7 +29,7 @@ var ErrNoResvPort = errors.New("rpc: no reserved port free")
 // at the first port, with an error wrapping syscall.EACCES.
 func DialResvPort(ctx context.Context, network, addr string) (net.Conn, error) {
 	for port := MaxResvPort; port >= MinResvPort; port-- {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{Port: port}}
+		d := net.Dialer{LocalAddr: &net.TCPAddr{Port: port}, Control: reuseAddr}
 		nc, err := d.DialContext(ctx, network, addr)
 		if err == nil {
 			return nc, nil
@@ -45,4 +45,18 @@ func DialResvPort(ctx context.Context, network, addr string) (net.Conn, error) {
 		return nil, err
 	}
 	return nil, fmt.Errorf("%w: ports %d to %d", ErrNoResvPort, MinResvPort, MaxResvPort)
+}
+
+// reuseAddr sets SO_REUSEADDR, as the Linux client's transport sockets
+// have it (sk_reuse): a port whose last connection is in TIME_WAIT can be
+// bound again, for another server; connecting it to the same one fails
+// with EADDRNOTAVAIL, and DialResvPort moves on.
+func reuseAddr(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
