@@ -39,8 +39,8 @@ func relayCommand() *cli.Command {
 		Usage:     "serve RPC-over-RDMA and relay each call over TCP to an NFS server",
 		ArgsUsage: " ",
 		Description: `Listens for RPC-over-RDMA connections (RFC 8166, and the draft version 2
-with transport characteristics) and forwards every RPC call, unchanged,
-over TCP to the NFS server given with --to; the server's replies go back
+with transport characteristics) and forwards every RPC call over TCP to
+the NFS server given with --to; the server's replies go back
 over RDMA, with the DDP-eligible data of READ and READLINK results placed
 by RDMA Write (RFC 8267). A server that speaks only TCP is reached over
 RDMA this way, by rdmafs or by the Linux kernel client (mount -t nfs -o
@@ -62,6 +62,25 @@ an RDMA Read of its data unanswered (--read-timeout; the connection is
 then closed). A call the server does not answer within --call-timeout
 is dropped; the client retransmits it.
 
+WHAT THE RELAY TRUSTS AND WHOM IT LETS IN: the server sees every call
+come from the relay's host, so the relay applies what the server would
+apply to the clients themselves, with the defaults of exports(5). It
+listens on the loopback (127.0.0.1:20049) unless --listen says otherwise,
+and serves only the addresses --allow names (default: the loopback,
+127.0.0.0/8 and ::1, wherever it listens), checked when a connection
+arrives; refused ones are counted and logged. AUTH_SYS identities are
+the client's word: --root-squash (the default) maps uid 0 and gid 0 to
+--anonuid and --anongid (65534), --all-squash maps every uid and gid to
+them and drops the supplementary groups, --no-root-squash passes them
+as sent. AUTH_NONE passes; RPCSEC_GSS passes untouched (authenticated
+end to end); other flavors get AUTH_BADCRED. As root the relay connects
+to the server from a reserved port (665-1023), so that secure exports
+accept it: the server's trust in a reserved port becomes the relay's to
+give, to every client it lets in (--noresvport: any port). All clients
+may hold --max-connections connections at once, one address (an IPv6
+/64) --max-connections-per-source; a connection that sends nothing for
+--idle-timeout is closed.
+
 "rdmafs stats --relay PORT" prints the relay's counters: connections,
 calls, bytes, errors, callbacks, and a line per connection. The stats
 socket is relay-PORT.sock in the run directory (see "rdmafs stats
@@ -74,8 +93,8 @@ EXIT STATUS:
    0 stopped by a signal; 1 bad usage; 4 cannot listen or reach the server.
 
 EXAMPLES:
-   rdmafs relay --to nfs1:2049                    # on port 20049
-   rdmafs relay --listen 192.168.1.5:20049 --to nfs1:2049 --rdmadev mlx5_0
+   rdmafs relay --to nfs1:2049                    # on 127.0.0.1:20049
+   rdmafs relay --listen 192.168.1.5:20049 --allow 192.168.1.0/24 --to nfs1:2049 --rdmadev mlx5_0
    rdmafs relay --to localhost:2049 -v rpc,rdma
    rdmafs stats --relay 20049`,
 		Flags: append([]cli.Flag{

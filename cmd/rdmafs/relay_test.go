@@ -292,6 +292,9 @@ func TestRelayUsage(t *testing.T) {
 		{[]string{"relay"}, exitUsage, "--to"},
 		{[]string{"relay", "--to", "127.0.0.1:2049", "--rdmavers", "3"}, exitUsage, "--rdmavers 3"},
 		{[]string{"relay", "--to", "127.0.0.1:2049", "--credits", "0"}, exitUsage, "--credits 0"},
+		{[]string{"relay", "--to", "127.0.0.1:2049", "--allow", "10.0.0.0/33"}, exitUsage, "--allow 10.0.0.0/33"},
+		{[]string{"relay", "--to", "127.0.0.1:2049", "--root-squash", "--no-root-squash"}, exitUsage, "pick one"},
+		{[]string{"relay", "--to", "127.0.0.1:2049", "--max-connections-per-source", "0"}, exitUsage, "--max-connections-per-source 0"},
 		{[]string{"relay", "--listen", "127.0.0.1:0", "--to", closed}, exitServer, "cannot reach NFS server " + closed},
 	} {
 		out, code := runBin(t, time.Minute, c.args...)
