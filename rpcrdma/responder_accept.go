@@ -51,6 +51,9 @@ func (s *Responder) setupQP(qp verbs.QueuePair) error {
 		}
 	}
 	s.recvBufs.Store(qp, cs)
+	// Not in the wait group: Close must not wait on a provider to end
+	// a queue pair it never handed over; a Put after the pool's Close
+	// is refused harmlessly.
 	go s.unclaimed(qp, cs)
 	return nil
 }
