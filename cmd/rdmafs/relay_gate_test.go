@@ -196,9 +196,13 @@ func TestRelayResvPort(t *testing.T) {
 			}
 		}()
 		r := startRelayBin(t, ln.Addr().String(), c.flags...)
-		<-ports // the relay's check that the server answers, before it serves
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		select {
+		case <-ports: // the relay's check that the server answers, before it serves
+		case <-ctx.Done():
+			t.Fatal("the relay did not check the server before serving")
+		}
 		qp, err := dialRelayFrom(ctx, "127.0.0.1", r.addr)
 		if err != nil {
 			t.Fatal(err)
