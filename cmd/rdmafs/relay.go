@@ -23,7 +23,6 @@ import (
 	"github.com/rdmafs/rdmafs/rpcrdma"
 	"github.com/rdmafs/rdmafs/verbs"
 	"github.com/rdmafs/rdmafs/verbs/ibverbs"
-	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // "rdmafs relay" serves RPC-over-RDMA and relays each call over TCP to an
@@ -183,6 +182,7 @@ func runRelay(cctx *cli.Context) error {
 	}
 	defer closeLog()
 	cfg.logw = logw
+	cfg.gate.counts.log.w = logw
 	if cfg.gate.defaultAllowing && !loopbackListen(cfg.listen) {
 		fmt.Fprintf(logw, "rdmafs relay: listening on %s without --allow: only loopback clients are served\n", cfg.listen)
 	}
@@ -197,7 +197,7 @@ func runRelay(cctx *cli.Context) error {
 		return exitf(exitServer, err, "cannot reach NFS server %s: %v", cfg.to, err)
 	}
 	nc.Close()
-	prov, desc, remInv, closeProv, err := relayProvider(cfg.rdmadev)
+	prov, desc, remInv, closeProv, err := relayProvider(cfg.rdmadev, &cfg.gate)
 	if err != nil {
 		return exitf(exitServer, err, "%v", err)
 	}
@@ -238,9 +238,9 @@ func runRelay(cctx *cli.Context) error {
 // does: rdma-core when the machine has an RDMA device or one is named,
 // else pure Go. It returns the provider, its description, whether the
 // relay may use Send With Invalidate, and how to release it.
-func relayProvider(dev string) (verbs.Provider, string, bool, func() error, error) {
+func relayProvider(dev string, gate *gateConfig) (verbs.Provider, string, bool, func() error, error) {
 	if dev == "iwarp-go" || (dev == "" && !ibverbs.Available(ibverbs.SysfsRoot)) {
-		return &iwarp.Provider{}, "iwarp-go", true, nil, nil
+		return &gatedIWARP{gate: gate}, "iwarp-go", true, nil, nil
 	}
 	p, err := ibverbs.Open(dev)
 	if err != nil {
@@ -270,11 +270,7 @@ type relay struct {
 
 func startRelay(cfg *relayConfig, prov verbs.Provider, remInv bool, tr *trace.Tracer) (*relay, error) {
 	r := &relay{cfg: cfg, tr: tr, start: time.Now(), conns: make(map[*relayConn]struct{})}
-	logw := cfg.logw
-	if logw == nil {
-		logw = os.Stderr
-	}
-	rl := &refusalLog{w: logw}
+	rl := cfg.gate.counts.log
 	resp, err := rpcrdma.Listen(cfg.listen, rpcrdma.ResponderConfig{
 		Allow:             cfg.gate.allows,
 		MaxConns:          cfg.gate.maxConns,
@@ -449,11 +445,15 @@ func (b backwardRelay) HandleCall(msg []byte) []byte {
 // writeStats writes the relay's report.
 func (r *relay) writeStats(w io.Writer) {
 	s := r.resp.Stats()
+	// The refusals of the responder's gate and of the relay's TCP one
+	// (relay_tcpgate.go).
+	notAllowed := s.NotAllowed + r.cfg.gate.counts.notAllowed.Load()
+	overLimit := s.OverLimit + r.cfg.gate.counts.overLimit.Load()
 	fmt.Fprintf(w, "pid: %d\n", os.Getpid())
 	fmt.Fprintf(w, "relay %s to %s over tcp\n", r.resp.Addr(), r.cfg.to)
 	fmt.Fprintf(w, "age: %v\n", time.Since(r.start).Round(time.Second))
 	fmt.Fprintf(w, "connections: open=%d accepted=%d refused=%d not_allowed=%d over_limit=%d server_unreachable=%d idle_closed=%d\n",
-		s.Connections, s.Accepted, s.Refused+s.NotAllowed+s.OverLimit, s.NotAllowed, s.OverLimit, s.Refused, s.IdleClosed)
+		s.Connections, s.Accepted, s.Refused+notAllowed+overLimit, notAllowed, overLimit, s.Refused, s.IdleClosed)
 	fmt.Fprintf(w, "calls: %d forwarded=%d unanswered=%d bytes_in=%d bytes_out=%d\n", s.Calls, r.forwarded.Load(), r.lost.Load(), s.BytesIn, s.BytesOut)
 	fmt.Fprintf(w, "callbacks: %d unanswered=%d\n", r.callbacks.Load(), r.cbLost.Load())
 	fmt.Fprintf(w, "credentials: refused=%d malformed_calls=%d\n", r.credRefused.Load(), r.malformed.Load())

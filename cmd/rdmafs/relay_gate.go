@@ -64,10 +64,11 @@ type gateConfig struct {
 	maxPerSource    int
 	idleTimeout     time.Duration
 	defaultAllowing bool // --allow was not given
+	counts          *gateCounts
 }
 
 func gateFlags(cctx *cli.Context) (gateConfig, error) {
-	g := gateConfig{allow: defaultAllow, defaultAllowing: true, resvport: !cctx.Bool("noresvport") && os.Geteuid() == 0,
+	g := gateConfig{allow: defaultAllow, defaultAllowing: true, counts: &gateCounts{log: &refusalLog{w: os.Stderr}}, resvport: !cctx.Bool("noresvport") && os.Geteuid() == 0,
 		maxConns: cctx.Int("max-connections"), maxPerSource: cctx.Int("max-connections-per-source"), idleTimeout: cctx.Duration("idle-timeout")}
 	if cctx.IsSet("allow") {
 		a, err := parseAllow(cctx.String("allow"))

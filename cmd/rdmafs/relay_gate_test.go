@@ -218,3 +218,31 @@ func TestRelayResvPort(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayTCPFlood: 100 TCP connections from 127.0.0.3 that never begin
+// the MPA exchange (each would hold one of the iWARP listener's 64
+// handshake places for 30 s) are held to the per-source share as they
+// are accepted, and a mount from 127.0.0.1 works beside them.
+func TestRelayTCPFlood(t *testing.T) {
+	g := testpeer.RequireGanesha(t)
+	r := startRelayBin(t, g.Addr)
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.3")}, Timeout: time.Minute}
+	for range 100 {
+		c, err := d.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	mnt := mount(t, peer{name: "relay-ganesha", host: "127.0.0.1", port: r.port, export: g.Export, opts: []string{"proto=rdma", "rdmadev=iwarp-go"}})
+	dir := testDir(t, mnt)
+	defer os.RemoveAll(dir)
+	if out := sh(t, 2*time.Minute, "echo hello > "+dir+"/f && cat "+dir+"/f"); !strings.Contains(out, "hello") {
+		t.Fatalf("mount beside the flood: %s", out)
+	}
+	st := r.stats(t)
+	t.Logf("relay stats:\n%s", st)
+	if n := statField(t, st, "connections:", "over_limit"); n < 100-defaultPerSource {
+		t.Errorf("%d connections refused over the limit, want at least %d", n, 100-defaultPerSource)
+	}
+}
