@@ -35,17 +35,21 @@ var _ verbs.Provider = (*gatedIWARP)(nil)
 
 // Listen implements verbs.Provider.
 func (p *gatedIWARP) Listen(addr string, cp *verbs.ConnParams) (verbs.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
+	ta, err := net.ResolveTCPAddr("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("iwarp: listen %s: %w", addr, err)
 	}
-	return iwarp.NewListener(&tcpGate{Listener: ln, gate: p.gate, bySrc: make(map[string]int)}, cp), nil
+	ln, err := net.ListenTCP("tcp", ta)
+	if err != nil {
+		return nil, fmt.Errorf("iwarp: listen %s: %w", addr, err)
+	}
+	return iwarp.NewListener(&tcpGate{TCPListener: ln, gate: p.gate, bySrc: make(map[string]int)}, cp), nil
 }
 
 // tcpGate is a net.Listener that refuses, as they are accepted, the
 // connections the gate does not let in.
 type tcpGate struct {
-	net.Listener
+	*net.TCPListener
 	gate *gateConfig
 
 	mu    sync.Mutex
@@ -54,7 +58,7 @@ type tcpGate struct {
 
 func (l *tcpGate) Accept() (net.Conn, error) {
 	for {
-		c, err := l.Listener.Accept()
+		c, err := l.AcceptTCP()
 		if err != nil {
 			return nil, err
 		}
@@ -65,7 +69,7 @@ func (l *tcpGate) Accept() (net.Conn, error) {
 	}
 }
 
-func (l *tcpGate) admit(c net.Conn) (net.Conn, bool) {
+func (l *tcpGate) admit(c *net.TCPConn) (net.Conn, bool) {
 	peer, counts := c.RemoteAddr(), l.gate.counts
 	if !l.gate.allows(peer) {
 		counts.notAllowed.Add(1)
@@ -84,7 +88,7 @@ func (l *tcpGate) admit(c net.Conn) (net.Conn, bool) {
 		counts.log.refused(peer, fmt.Errorf("%w: %d connections from %s, the most one source may have", rpcrdma.ErrTooManyConns, n, src))
 		return nil, false
 	}
-	return &gatedConn{Conn: c, release: func() { l.release(src) }}, true
+	return &gatedConn{TCPConn: c, release: func() { l.release(src) }}, true
 }
 
 func (l *tcpGate) release(src string) {
@@ -108,14 +112,16 @@ func sourceKey(a net.Addr) string {
 	return ta.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
-// gatedConn gives its count back when it is closed.
+// gatedConn gives its count back when it is closed. It is a
+// *net.TCPConn otherwise, whose CloseWrite and SyscallConn the iWARP
+// provider uses (an orderly close, vectored reads and writes).
 type gatedConn struct {
-	net.Conn
+	*net.TCPConn
 	once    sync.Once
 	release func()
 }
 
 func (c *gatedConn) Close() error {
 	c.once.Do(c.release)
-	return c.Conn.Close()
+	return c.TCPConn.Close()
 }
