@@ -77,6 +77,11 @@ type Options struct {
 	// NConnect is the number of connections to the server, all bound to
 	// the one session (nfs(5) nconnect); zero means 1.
 	NConnect int
+	// NoResvPort makes TCP connections from any source port. By
+	// default, in a process running as root, they come from a reserved
+	// port (below 1024, nfs(5) resvport), as a server's "secure" export
+	// (the default of exports(5)) requires.
+	NoResvPort bool
 	// Auth is the AUTH_SYS identity of the calls; nil means the calling
 	// process's user, group and supplementary groups.
 	Auth *Auth
@@ -195,6 +200,7 @@ func configs(host string, port int, export string, opts Options) (dial.Config, n
 		Addr:        net.JoinHostPort(host, strconv.Itoa(port)),
 		Proto:       proto,
 		NConnect:    opts.NConnect,
+		ResvPort:    !opts.NoResvPort && os.Geteuid() == 0,
 		DialTimeout: timeout,
 		RDMAVers:    rdmaVers,
 		RDMAMem:     opts.RDMAMemory,

@@ -14,9 +14,14 @@ import (
 
 // TCPOptions configure a TCPTransport.
 type TCPOptions struct {
-	// Dial makes the connection; nil means a net.Dialer. Tests wrap the
-	// connection here to inject faults.
+	// Dial makes the connection; nil means a net.Dialer, or
+	// DialResvPort with ResvPort. Tests wrap the connection here to
+	// inject faults.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// ResvPort, when Dial is nil, connects from a reserved source port
+	// (DialResvPort; nfs(5) resvport), as a server's "secure" export
+	// requires. It needs root.
+	ResvPort bool
 	// MaxRecord bounds the size of a received record; a larger one is a
 	// protocol error that closes the connection. Zero means 64 MiB.
 	MaxRecord int
@@ -65,7 +70,11 @@ func NewTCPTransport(addr string, opts TCPOptions) *TCPTransport {
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = 30 * time.Second
 	}
-	if opts.Dial == nil {
+	switch {
+	case opts.Dial != nil:
+	case opts.ResvPort:
+		opts.Dial = DialResvPort
+	default:
 		var d net.Dialer
 		opts.Dial = d.DialContext
 	}

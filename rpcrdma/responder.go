@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,56 +15,6 @@ import (
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/verbs"
 )
-
-// ResponderConfig configures a Responder.
-type ResponderConfig struct {
-	// Provider makes the listener (iwarp.Provider for iWARP).
-	Provider verbs.Provider
-	// Handler serves each RPC call (the whole call message, chunks
-	// already pulled in) and returns the whole reply message, or nil to
-	// send none.
-	Handler oncrpc.CallHandler
-	// NewConn, if set, makes the handler of each accepted connection in
-	// place of Handler: a relay gives each requester a server connection
-	// of its own, over which the server's backward calls reach that
-	// requester alone (ResponderConn.Call). If the handler is an
-	// io.Closer, it is closed once the connection has ended. An error
-	// refuses the connection.
-	NewConn func(rc *ResponderConn) (oncrpc.CallHandler, error)
-	// Credits is the grant sent in every reply. Zero means 32.
-	Credits int
-	// InlineSend and InlineRecv are our inline thresholds. Zero means
-	// 4096.
-	InlineSend, InlineRecv int
-	// ReplyBulk is the upper-layer binding for replies (RFC 8166 s6):
-	// given a call and its reply, it returns the offset and length of the
-	// DDP-eligible data in the reply (the bytes after the opaque's length
-	// word), if there is one. Only with it can a Write chunk be filled.
-	ReplyBulk func(call, reply []byte) (off, n int, ok bool)
-	// RemoteInvalidate lets the responder use Send With Invalidate when
-	// the requester accepts it and the call exposed exactly one STag.
-	RemoteInvalidate bool
-	// MaxVersion is the highest RPC-over-RDMA version served: 1 (the
-	// default) answers version-2 calls with ERR_VERS 1..1 as knfsd does;
-	// 2 serves version 2 (draft-cel-nfsv4-rpcrdma-version-two).
-	MaxVersion int
-	// XChars makes a version-2 connection announce our transport
-	// characteristics (ROPT_INITXCH) and serve REQXCH.
-	XChars bool
-	// MaxRecv bounds how far a requester's REQXCH may grow our receive
-	// buffers. Zero means 64 KiB.
-	MaxRecv int
-	// Tracer receives -v rdma events.
-	Tracer *trace.Tracer
-	// Memory is the registered memory (the slab) of every connection's
-	// buffers. Zero means 256 MiB. ConnMemory is the share one
-	// connection may hold at once; zero means an eighth of Memory.
-	Memory, ConnMemory int64
-	// ReadTimeout bounds how long an RDMA Read of a call's Read chunk
-	// may go unanswered before the connection is closed. Zero means
-	// 30 s.
-	ReadTimeout time.Duration
-}
 
 // Responder is the server side of RPC-over-RDMA: it accepts connections,
 // pulls in Read chunks, calls the handler, and returns replies inline or
@@ -91,6 +40,7 @@ type Responder struct {
 	sendInvs    atomic.Uint64
 	optErrors   atomic.Uint64 // RDMA_ERRORs sent for RDMA_OPTIONALs
 	stats       responderCounters
+	gate        connGate
 }
 
 // SendInvalidates returns how many replies used Send With Invalidate.
@@ -211,127 +161,6 @@ func (s *Responder) busy() bool {
 	return false
 }
 
-// connSetup is what setupQP prepared for a connection.
-type connSetup struct {
-	bufs [][]byte
-	mem  *connBudget
-}
-
-// setupQP posts a new connection's receive buffers before it is
-// accepted, from the connection's share of registered memory; if the
-// slab has no room for them in setupWait, the connection is refused.
-func (s *Responder) setupQP(qp verbs.QueuePair) error {
-	ctx, cancel := context.WithTimeout(context.Background(), setupWait)
-	defer cancel()
-	cs := &connSetup{bufs: make([][]byte, 0, s.recvCount()), mem: newConnBudget(s.cfg.ConnMemory / 2)}
-	fail := func(err error) error {
-		for _, b := range cs.bufs {
-			_ = s.pool.Put(b)
-		}
-		return err
-	}
-	for i := range cap(cs.bufs) {
-		b, err := s.getBuf(ctx, cs.mem, s.cfg.InlineRecv, true)
-		if err != nil {
-			return fail(err)
-		}
-		cs.bufs = append(cs.bufs, b)
-		if err := s.postRecv(qp, uint64(i), b); err != nil {
-			return fail(err)
-		}
-	}
-	s.recvBufs.Store(qp, cs)
-	return nil
-}
-
-// repostRecv posts buf again as receive wrid, whose last buffer the
-// queue pair has completed: its scatter list can be reused.
-func (c *serverConn) repostRecv(wrid uint64, buf []byte) error {
-	sge, ok := c.s.pool.Locate(buf)
-	if !ok {
-		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
-	}
-	if c.recvSGL == nil {
-		c.recvSGL = make([][1]verbs.SGE, len(c.recvBufs))
-	}
-	c.recvSGL[wrid][0] = sge
-	return c.qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: c.recvSGL[wrid][:]})
-}
-
-func (s *Responder) postRecv(qp verbs.QueuePair, wrid uint64, buf []byte) error {
-	sge, ok := s.pool.Locate(buf)
-	if !ok {
-		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
-	}
-	return qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: []verbs.SGE{sge}})
-}
-
-func (s *Responder) acceptLoop() {
-	defer s.wg.Done()
-	for {
-		qp, err := s.ln.Accept(context.Background())
-		if err != nil {
-			return
-		}
-		peer, _, err := ParsePrivateData(qp.PeerPrivateData())
-		if err != nil {
-			qp.Close()
-			if v, ok := s.recvBufs.LoadAndDelete(qp); ok {
-				for _, b := range v.(*connSetup).bufs {
-					_ = s.pool.Put(b)
-				}
-			}
-			continue
-		}
-		v, ok := s.recvBufs.LoadAndDelete(qp)
-		if !ok {
-			qp.Close()
-			continue
-		}
-		cs := v.(*connSetup)
-		c := &serverConn{s: s, qp: qp, recvBufs: cs.bufs, mem: cs.mem, out: newConnBudget(s.cfg.ConnMemory / 2), slots: make(chan struct{}, s.cfg.Credits),
-			privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
-			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars, handler: s.cfg.Handler,
-			bcSlots: make(chan struct{}, backwardSlots), bcPending: make(map[uint32]chan []byte)}
-		c.ctx, c.cancel = context.WithCancel(context.Background())
-		s.mu.Lock()
-		s.conns[c] = struct{}{}
-		s.mu.Unlock()
-		s.wg.Add(1)
-		// NewConn runs on the connection's own goroutine: a handler slow
-		// to make (a relay dialing its server) holds up no other
-		// requester's accept. The requester's first messages wait in
-		// the receive buffers setupQP posted.
-		go func() {
-			defer s.wg.Done()
-			defer func() {
-				s.mu.Lock()
-				delete(s.conns, c)
-				s.mu.Unlock()
-			}()
-			if s.cfg.NewConn != nil {
-				h, err := s.cfg.NewConn(&ResponderConn{c: c})
-				if err != nil {
-					c.tracef("refusing %v: %v", qp.RemoteAddr(), err)
-					s.stats.refused.Add(1)
-					qp.Close()
-					c.cancel()
-					for _, b := range cs.bufs {
-						c.putBuf(b, true)
-					}
-					return
-				}
-				c.handler = h
-				if cl, ok := h.(io.Closer); ok {
-					defer cl.Close()
-				}
-			}
-			s.stats.accepted.Add(1)
-			c.serve()
-		}()
-	}
-}
-
 // serverConn is one accepted connection.
 type serverConn struct {
 	s        *Responder
@@ -371,8 +200,9 @@ type serverConn struct {
 	growXID   uint32
 
 	inFlight     atomic.Int64
-	readTimedOut atomic.Bool // a Read chunk went unanswered past ReadTimeout
-	sendMu       sync.Mutex  // orders a reply's RDMA Writes before its Send
+	lastRecv     atomic.Int64 // when the last message arrived, in Unix nanoseconds (IdleTimeout)
+	readTimedOut atomic.Bool  // a Read chunk went unanswered past ReadTimeout
+	sendMu       sync.Mutex   // orders a reply's RDMA Writes before its Send
 	wr           atomic.Uint64
 	doneMu       sync.Mutex
 	onDone       map[uint64]wrDone // by WRID, run by sendLoop; guarded by doneMu
@@ -393,7 +223,9 @@ func (c *serverConn) serve() {
 		defer close(sendDone)
 		c.sendLoop(ctx)
 	}()
+	stopIdle := c.watchIdle()
 	defer func() {
+		stopIdle()
 		// Closing flushes every work request; the send loop then runs
 		// their completions, which give the buffers back.
 		c.qp.Close()
@@ -421,6 +253,7 @@ func (c *serverConn) serve() {
 		if err != nil {
 			return
 		}
+		c.touch()
 		for _, w := range wc[:n] {
 			if w.Status != verbs.StatusSuccess {
 				return

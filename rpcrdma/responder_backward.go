@@ -176,6 +176,7 @@ type responderCounters struct {
 	chunkErrors, replyErrors, unanswered atomic.Uint64
 	overruns, readTimeouts               atomic.Uint64
 	backward, backwardErrors             atomic.Uint64
+	notAllowed, overLimit, idleClosed    atomic.Uint64
 }
 
 // ResponderStats are a Responder's counters since it started.
@@ -193,6 +194,9 @@ type ResponderStats struct {
 	ReadTimeouts  uint64 // connections closed for leaving an RDMA Read unanswered
 	Backward      uint64 // backward calls sent (RFC 8167)
 	BackwardFails uint64 // backward calls that got no reply
+	NotAllowed    uint64 // connections refused by ResponderConfig.Allow
+	OverLimit     uint64 // connections refused by MaxConns or MaxConnsPerSource
+	IdleClosed    uint64 // connections closed after IdleTimeout with nothing received
 }
 
 // Stats returns the responder's counters.
@@ -207,5 +211,6 @@ func (s *Responder) Stats() ResponderStats {
 		ChunkErrors: st.chunkErrors.Load(), ReplyErrors: st.replyErrors.Load(), Unanswered: st.unanswered.Load(),
 		Overruns: st.overruns.Load(), ReadTimeouts: st.readTimeouts.Load(),
 		Backward: st.backward.Load(), BackwardFails: st.backwardErrors.Load(),
+		NotAllowed: st.notAllowed.Load(), OverLimit: st.overLimit.Load(), IdleClosed: st.idleClosed.Load(),
 	}
 }

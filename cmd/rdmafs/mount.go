@@ -325,6 +325,7 @@ func dialConfig(o *mountOptions, tr *trace.Tracer) dial.Config {
 		Addr:        o.addr(),
 		Proto:       o.Proto,
 		NConnect:    o.NConnect,
+		ResvPort:    o.resvPort(),
 		DialTimeout: o.Timeo,
 		RDMAVers:    o.RDMAVers,
 		RDMAMem:     o.RDMAMem,

@@ -51,6 +51,10 @@ type mountOptions struct {
 	// NConnect is the number of connections to the server (nfs(5)
 	// nconnect), 1 to 16.
 	NConnect int
+	// ResvPort and NoResvPort are the resvport and noresvport options
+	// (nfs(5)): with neither, TCP connections come from a reserved
+	// source port when rdmafs runs as root (resvPort).
+	ResvPort, NoResvPort bool
 
 	// VFSFlags are the generic options of mount(8) as MS_* bits
 	// (nosuid, noatime, sync, ...), applied to the kernel's mount;
@@ -361,5 +365,16 @@ func (o *mountOptions) String() string {
 	if o.NConnect > 1 {
 		s += fmt.Sprintf(",nconnect=%d", o.NConnect) // as /proc/mounts shows it: only above 1
 	}
+	if !o.resvPort() && o.Proto == "tcp" {
+		s += ",noresvport" // as /proc/mounts shows it: only when off
+	}
 	return s
+}
+
+// resvPort reports whether TCP connections bind a reserved source port:
+// resvport, or root without noresvport (nfs(5): "If this option is not
+// specified, or the resvport option is specified, the NFS client uses a
+// privileged source port"; only root can bind one).
+func (o *mountOptions) resvPort() bool {
+	return o.ResvPort || (!o.NoResvPort && os.Geteuid() == 0)
 }

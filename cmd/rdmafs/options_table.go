@@ -112,6 +112,10 @@ var mountOptionTable = []mountOption{
 			o.Retrans = v
 			return nil
 		}},
+	{names: []string{"resvport", "noresvport"}, help: "connect over TCP from a reserved source port, below 1024, as a server's secure export needs (default for root; resvport needs root) | from any port",
+		set: flagOption(func(o *mountOptions, name string) {
+			o.ResvPort, o.NoResvPort = name == "resvport", name == "noresvport"
+		})},
 	{names: []string{"hard", "soft"}, help: "retry forever (default) | fail with ETIMEDOUT after timeo x retrans",
 		set: flagOption(func(o *mountOptions, name string) { o.Hard = name == "hard" })},
 	{names: []string{"actimeo"}, arg: "N", help: "all attribute cache times, seconds; 0 = noac",

@@ -23,7 +23,6 @@ import (
 	"github.com/rdmafs/rdmafs/rpcrdma"
 	"github.com/rdmafs/rdmafs/verbs"
 	"github.com/rdmafs/rdmafs/verbs/ibverbs"
-	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // "rdmafs relay" serves RPC-over-RDMA and relays each call over TCP to an
@@ -39,8 +38,8 @@ func relayCommand() *cli.Command {
 		Usage:     "serve RPC-over-RDMA and relay each call over TCP to an NFS server",
 		ArgsUsage: " ",
 		Description: `Listens for RPC-over-RDMA connections (RFC 8166, and the draft version 2
-with transport characteristics) and forwards every RPC call, unchanged,
-over TCP to the NFS server given with --to; the server's replies go back
+with transport characteristics) and forwards every RPC call over TCP to
+the NFS server given with --to; the server's replies go back
 over RDMA, with the DDP-eligible data of READ and READLINK results placed
 by RDMA Write (RFC 8267). A server that speaks only TCP is reached over
 RDMA this way, by rdmafs or by the Linux kernel client (mount -t nfs -o
@@ -62,6 +61,25 @@ an RDMA Read of its data unanswered (--read-timeout; the connection is
 then closed). A call the server does not answer within --call-timeout
 is dropped; the client retransmits it.
 
+WHAT THE RELAY TRUSTS AND WHOM IT LETS IN: the server sees every call
+come from the relay's host, so the relay applies what the server would
+apply to the clients themselves, with the defaults of exports(5). It
+listens on the loopback (127.0.0.1:20049) unless --listen says otherwise,
+and serves only the addresses --allow names (default: the loopback,
+127.0.0.0/8 and ::1, wherever it listens), checked when a connection
+arrives; refused ones are counted and logged. AUTH_SYS identities are
+the client's word: --root-squash (the default) maps uid 0 and gid 0 to
+--anonuid and --anongid (65534), --all-squash maps every uid and gid to
+them and drops the supplementary groups, --no-root-squash passes them
+as sent. AUTH_NONE passes; RPCSEC_GSS passes untouched (authenticated
+end to end); other flavors get AUTH_BADCRED. As root the relay connects
+to the server from a reserved port (665-1023), so that secure exports
+accept it: the server's trust in a reserved port becomes the relay's to
+give, to every client it lets in (--noresvport: any port). All clients
+may hold --max-connections connections at once, one address (an IPv6
+/64) --max-connections-per-source; a connection that sends nothing for
+--idle-timeout is closed.
+
 "rdmafs stats --relay PORT" prints the relay's counters: connections,
 calls, bytes, errors, callbacks, and a line per connection. The stats
 socket is relay-PORT.sock in the run directory (see "rdmafs stats
@@ -74,12 +92,12 @@ EXIT STATUS:
    0 stopped by a signal; 1 bad usage; 4 cannot listen or reach the server.
 
 EXAMPLES:
-   rdmafs relay --to nfs1:2049                    # on port 20049
-   rdmafs relay --listen 192.168.1.5:20049 --to nfs1:2049 --rdmadev mlx5_0
+   rdmafs relay --to nfs1:2049                    # on 127.0.0.1:20049
+   rdmafs relay --listen 192.168.1.5:20049 --allow 192.168.1.0/24 --to nfs1:2049 --rdmadev mlx5_0
    rdmafs relay --to localhost:2049 -v rpc,rdma
    rdmafs stats --relay 20049`,
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "listen", Value: ":20049", Usage: "serve RPC-over-RDMA on `ADDR` (host:port; 20049 is NFS over RDMA's port)"},
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "listen", Value: defaultRelayListen, Usage: "serve RPC-over-RDMA on `ADDR` (host:port; 20049 is NFS over RDMA's port; :20049 for every interface)"},
 			&cli.StringFlag{Name: "to", Usage: "relay to the NFS server at `HOST:PORT` over TCP (required; port 2049 when omitted)"},
 			&cli.StringFlag{Name: "rdmadev", Usage: "RDMA device `NAME` (rdma-core), or iwarp-go for the pure-Go iWARP provider", DefaultText: "the first device, else iwarp-go"},
 			&cli.StringFlag{Name: "rdmavers", Value: "auto", Usage: "RPC-over-RDMA `VERSION`s served: auto or 2 serve versions 1 and 2, 1 serves version 1 only"},
@@ -90,7 +108,7 @@ EXAMPLES:
 			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "on SIGTERM, let calls in progress finish for up to `DURATION`"},
 			&cli.StringFlag{Name: "v", Usage: "trace `CATEGORIES` (comma separated: rpc for connections, server connections and callbacks, rdma for every message the responder handles, or all), one line per event, to stderr or --log", DefaultText: "none"},
 			&cli.StringFlag{Name: "log", Usage: "write traces and errors to `FILE` instead of stderr"},
-		},
+		}, relayGateFlags()...),
 		Action: runRelay,
 	}
 }
@@ -104,6 +122,9 @@ type relayConfig struct {
 	readTimeout         time.Duration
 	callTimeout         time.Duration
 	grace               time.Duration
+	gate                gateConfig
+	// logw receives the refused connections' lines.
+	logw io.Writer
 }
 
 func relayFlags(cctx *cli.Context) (*relayConfig, error) {
@@ -122,6 +143,11 @@ func relayFlags(cctx *cli.Context) (*relayConfig, error) {
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return nil, exitf(exitUsage, err, "--listen %s: want host:port", c.listen)
 	}
+	gate, err := gateFlags(cctx)
+	if err != nil {
+		return nil, err
+	}
+	c.gate = gate
 	switch v := cctx.String("rdmavers"); v {
 	case "auto", "2":
 		c.maxVersion = rpcrdma.Version2
@@ -155,6 +181,11 @@ func runRelay(cctx *cli.Context) error {
 		return err
 	}
 	defer closeLog()
+	cfg.logw = logw
+	cfg.gate.counts.log.w = logw
+	if cfg.gate.defaultAllowing && !loopbackListen(cfg.listen) {
+		fmt.Fprintf(logw, "rdmafs relay: listening on %s without --allow: only loopback clients are served\n", cfg.listen)
+	}
 	var tr *trace.Tracer
 	if cats != 0 {
 		tr = trace.New(logw, cats)
@@ -166,7 +197,7 @@ func runRelay(cctx *cli.Context) error {
 		return exitf(exitServer, err, "cannot reach NFS server %s: %v", cfg.to, err)
 	}
 	nc.Close()
-	prov, desc, remInv, closeProv, err := relayProvider(cfg.rdmadev)
+	prov, desc, remInv, closeProv, err := relayProvider(cfg.rdmadev, &cfg.gate)
 	if err != nil {
 		return exitf(exitServer, err, "%v", err)
 	}
@@ -207,9 +238,9 @@ func runRelay(cctx *cli.Context) error {
 // does: rdma-core when the machine has an RDMA device or one is named,
 // else pure Go. It returns the provider, its description, whether the
 // relay may use Send With Invalidate, and how to release it.
-func relayProvider(dev string) (verbs.Provider, string, bool, func() error, error) {
+func relayProvider(dev string, gate *gateConfig) (verbs.Provider, string, bool, func() error, error) {
 	if dev == "iwarp-go" || (dev == "" && !ibverbs.Available(ibverbs.SysfsRoot)) {
-		return &iwarp.Provider{}, "iwarp-go", true, nil, nil
+		return &gatedIWARP{gate: gate}, "iwarp-go", true, nil, nil
 	}
 	p, err := ibverbs.Open(dev)
 	if err != nil {
@@ -233,22 +264,29 @@ type relay struct {
 
 	forwarded, lost         atomic.Uint64 // calls relayed; calls the server did not answer
 	callbacks, cbLost       atomic.Uint64 // backward calls relayed; not answered by the client
+	credRefused, malformed  atomic.Uint64 // calls refused for their credential; calls that did not parse
 	serverDials, serverLost atomic.Uint64 // TCP connections made; connections that broke
 }
 
 func startRelay(cfg *relayConfig, prov verbs.Provider, remInv bool, tr *trace.Tracer) (*relay, error) {
 	r := &relay{cfg: cfg, tr: tr, start: time.Now(), conns: make(map[*relayConn]struct{})}
+	rl := cfg.gate.counts.log
 	resp, err := rpcrdma.Listen(cfg.listen, rpcrdma.ResponderConfig{
-		Provider:         prov,
-		NewConn:          r.newConn,
-		ReplyBulk:        nfsclient.ReplyBulk,
-		RemoteInvalidate: remInv,
-		Credits:          cfg.credits,
-		MaxVersion:       cfg.maxVersion,
-		XChars:           cfg.maxVersion >= rpcrdma.Version2,
-		Memory:           cfg.memory,
-		ReadTimeout:      cfg.readTimeout,
-		Tracer:           tr,
+		Allow:             cfg.gate.allows,
+		MaxConns:          cfg.gate.maxConns,
+		MaxConnsPerSource: cfg.gate.maxPerSource,
+		IdleTimeout:       cfg.gate.idleTimeout,
+		OnRefuse:          rl.refused,
+		Provider:          prov,
+		NewConn:           r.newConn,
+		ReplyBulk:         nfsclient.ReplyBulk,
+		RemoteInvalidate:  remInv,
+		Credits:           cfg.credits,
+		MaxVersion:        cfg.maxVersion,
+		XChars:            cfg.maxVersion >= rpcrdma.Version2,
+		Memory:            cfg.memory,
+		ReadTimeout:       cfg.readTimeout,
+		Tracer:            tr,
 	})
 	if err != nil {
 		return nil, err
@@ -283,13 +321,17 @@ func (r *relay) newConn(rc *rpcrdma.ResponderConn) (oncrpc.CallHandler, error) {
 	c := &relayConn{r: r, rc: rc, since: time.Now()}
 	var dials atomic.Int32
 	var d net.Dialer
+	dial := d.DialContext
+	if r.cfg.gate.resvport {
+		dial = oncrpc.DialResvPort
+	}
 	c.tcp = oncrpc.NewTCPTransport(r.cfg.to, oncrpc.TCPOptions{
 		DialTimeout: serverDialWait,
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if dials.Add(1) > 1 {
 				return nil, errors.New("relay: the connection to the server broke")
 			}
-			nc, err := d.DialContext(ctx, network, addr)
+			nc, err := dial(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
@@ -318,9 +360,20 @@ func (r *relay) tracef(format string, args ...any) {
 	}
 }
 
-// HandleCall relays one call to the server.
+// HandleCall relays one call to the server, its AUTH_SYS credential
+// mapped as the gate says (relay_gate.go).
 func (c *relayConn) HandleCall(msg []byte) []byte {
 	c.calls.Add(1)
+	msg, refusal, err := c.r.cfg.gate.squash.MapCall(msg)
+	switch {
+	case err != nil:
+		c.r.malformed.Add(1)
+		c.r.tracef("relay: %v: dropped: %v", c.rc.RemoteAddr(), err)
+		return nil
+	case refusal != nil:
+		c.r.credRefused.Add(1)
+		return refusal
+	}
 	c.r.forwarded.Add(1)
 	reply := c.fwd.HandleCall(msg)
 	if reply == nil {
@@ -392,12 +445,19 @@ func (b backwardRelay) HandleCall(msg []byte) []byte {
 // writeStats writes the relay's report.
 func (r *relay) writeStats(w io.Writer) {
 	s := r.resp.Stats()
+	// The refusals of the responder's gate and of the relay's TCP one
+	// (relay_tcpgate.go).
+	notAllowed := s.NotAllowed + r.cfg.gate.counts.notAllowed.Load()
+	overLimit := s.OverLimit + r.cfg.gate.counts.overLimit.Load()
 	fmt.Fprintf(w, "pid: %d\n", os.Getpid())
 	fmt.Fprintf(w, "relay %s to %s over tcp\n", r.resp.Addr(), r.cfg.to)
 	fmt.Fprintf(w, "age: %v\n", time.Since(r.start).Round(time.Second))
-	fmt.Fprintf(w, "connections: open=%d accepted=%d refused=%d\n", s.Connections, s.Accepted, s.Refused)
+	fmt.Fprintf(w, "connections: open=%d accepted=%d refused=%d not_allowed=%d over_limit=%d server_unreachable=%d idle_closed=%d\n",
+		s.Connections, s.Accepted, s.Refused+notAllowed+overLimit, notAllowed, overLimit, s.Refused, s.IdleClosed)
 	fmt.Fprintf(w, "calls: %d forwarded=%d unanswered=%d bytes_in=%d bytes_out=%d\n", s.Calls, r.forwarded.Load(), r.lost.Load(), s.BytesIn, s.BytesOut)
 	fmt.Fprintf(w, "callbacks: %d unanswered=%d\n", r.callbacks.Load(), r.cbLost.Load())
+	fmt.Fprintf(w, "credentials: refused=%d malformed_calls=%d\n", r.credRefused.Load(), r.malformed.Load())
+	fmt.Fprintf(w, "gate: %v\n", &r.cfg.gate)
 	fmt.Fprintf(w, "errors: chunk=%d reply=%d credit_overruns=%d read_timeouts=%d server_connections_lost=%d\n",
 		s.ChunkErrors, s.ReplyErrors, s.Overruns, s.ReadTimeouts, r.serverLost.Load())
 	fmt.Fprintf(w, "limits: credits=%d memory=%d read_timeout=%v call_timeout=%v\n", r.cfg.credits, r.cfg.memory, r.cfg.readTimeout, r.cfg.callTimeout)
@@ -456,4 +516,17 @@ func dialRelayStats(port string, timeout time.Duration) (net.Conn, error) {
 		return nil, fmt.Errorf("--relay %s: want the relay's port", port)
 	}
 	return dialSocket(relaySocketName(port), "", timeout)
+}
+
+// loopbackListen reports whether the listen address is a loopback one.
+func loopbackListen(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

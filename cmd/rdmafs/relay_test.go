@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,9 +56,14 @@ func startRelayBin(t *testing.T, to string, flags ...string) *relayProc {
 	return startRelayAt(t, "127.0.0.1:0", to, flags...)
 }
 
-// startRelayAt is startRelayBin listening on listen.
+// startRelayAt is startRelayBin listening on listen. The relay runs
+// with --no-root-squash unless flags name a squash option: the tests
+// work as root in exports owned by root.
 func startRelayAt(t *testing.T, listen, to string, flags ...string) *relayProc {
 	t.Helper()
+	if !slices.ContainsFunc(flags, func(f string) bool { return strings.HasSuffix(f, "-squash") }) {
+		flags = append([]string{"--no-root-squash"}, flags...)
+	}
 	args := append([]string{"relay", "--listen", listen, "--to", to, "--rdmadev", "iwarp-go"}, flags...)
 	cmd := exec.Command(rdmafsBin(t), args...)
 	p := &relayProc{cmd: cmd, stderr: &syncBuf{}, waited: make(chan error, 1)}
@@ -286,6 +292,9 @@ func TestRelayUsage(t *testing.T) {
 		{[]string{"relay"}, exitUsage, "--to"},
 		{[]string{"relay", "--to", "127.0.0.1:2049", "--rdmavers", "3"}, exitUsage, "--rdmavers 3"},
 		{[]string{"relay", "--to", "127.0.0.1:2049", "--credits", "0"}, exitUsage, "--credits 0"},
+		{[]string{"relay", "--to", "127.0.0.1:2049", "--allow", "10.0.0.0/33"}, exitUsage, "--allow 10.0.0.0/33"},
+		{[]string{"relay", "--to", "127.0.0.1:2049", "--root-squash", "--no-root-squash"}, exitUsage, "pick one"},
+		{[]string{"relay", "--to", "127.0.0.1:2049", "--max-connections-per-source", "0"}, exitUsage, "--max-connections-per-source 0"},
 		{[]string{"relay", "--listen", "127.0.0.1:0", "--to", closed}, exitServer, "cannot reach NFS server " + closed},
 	} {
 		out, code := runBin(t, time.Minute, c.args...)

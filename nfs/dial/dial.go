@@ -31,6 +31,9 @@ type Config struct {
 	Proto string
 	// NConnect is the number of connections (nfs(5) nconnect); 0 means 1.
 	NConnect int
+	// ResvPort makes TCP connections from a reserved source port
+	// (oncrpc.DialResvPort, nfs(5) resvport); it needs root.
+	ResvPort bool
 	// DialTimeout bounds one connection attempt; zero means 30 s.
 	DialTimeout time.Duration
 	// RDMAVers is the RPC-over-RDMA version: "" or "auto" (offer 2, fall
@@ -65,6 +68,7 @@ func Transport(cfg Config) (oncrpc.Transport, error) {
 		for i := range conns {
 			conns[i] = oncrpc.NewTCPTransport(cfg.Addr, oncrpc.TCPOptions{
 				DialTimeout: cfg.DialTimeout,
+				ResvPort:    cfg.ResvPort,
 				OnConnect: func(gen uint64) {
 					if tr.On(trace.RPC) {
 						tr.Printf(trace.RPC, "connected to %s (connection %d.%d)", cfg.Addr, i, gen)
