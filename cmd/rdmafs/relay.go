@@ -18,11 +18,12 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfs/dial"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
 	"github.com/rdmafs/rdmafs/verbs"
-	"github.com/rdmafs/rdmafs/verbs/ibverbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // "rdmafs relay" serves RPC-over-RDMA and relays each call over TCP to an
@@ -235,21 +236,15 @@ func runRelay(cctx *cli.Context) error {
 }
 
 // relayProvider picks the verbs provider as the mount's rdmadev option
-// does: rdma-core when the machine has an RDMA device or one is named,
-// else pure Go. It returns the provider, its description, whether the
-// relay may use Send With Invalidate, and how to release it.
+// does (dial.Provider); the pure-Go one is gated (gatedIWARP). It returns
+// the provider, its description, whether the relay may use Send With
+// Invalidate, and how to release it.
 func relayProvider(dev string, gate *gateConfig) (verbs.Provider, string, bool, func() error, error) {
-	if dev == "iwarp-go" || (dev == "" && !ibverbs.Available(ibverbs.SysfsRoot)) {
-		return &gatedIWARP{gate: gate}, "iwarp-go", true, nil, nil
+	p, desc, remInv, closer, err := dial.Provider(dev, "--rdmadev ")
+	if _, ok := p.(*iwarp.Provider); ok {
+		return &gatedIWARP{gate: gate}, desc, remInv, closer, nil
 	}
-	p, err := ibverbs.Open(dev)
-	if err != nil {
-		if dev == "" {
-			return nil, "", false, nil, fmt.Errorf("%w (--rdmadev iwarp-go uses the pure-Go provider)", err)
-		}
-		return nil, "", false, nil, fmt.Errorf("--rdmadev %s: %w", dev, err)
-	}
-	return p, p.String(), p.RemoteInvalidate(), p.Close, nil
+	return p, desc, remInv, closer, err
 }
 
 // relay is a running relay: the responder and the connections it serves.

@@ -11,7 +11,7 @@ import (
 // rdmaProvider picks the verbs provider of the rdmadev option (package
 // dial, which the transport is built by, decides).
 func rdmaProvider(o *mountOptions) (verbs.Provider, string, bool, func() error, error) {
-	return dial.Provider(o.RDMADev)
+	return dial.Provider(o.RDMADev, "rdmadev=")
 }
 
 // buffersOf returns the registered memory of an RDMA transport for the

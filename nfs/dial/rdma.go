@@ -34,20 +34,22 @@ func (t rdmaTransport) Close() error {
 	return err
 }
 
-// Provider picks the verbs provider (the rdmadev option): rdma-core when
-// the machine has an RDMA device or dev names one, else pure Go. It
-// reports the provider's description, whether the peer may use Send With
-// Invalidate, and how to release it (nil: nothing to release).
-func Provider(dev string) (p verbs.Provider, desc string, remoteInvalidate bool, closer func() error, err error) {
+// Provider picks the verbs provider (the rdmadev option, the relay's
+// --rdmadev): rdma-core when the machine has an RDMA device or dev names
+// one, else pure Go. It reports the provider's description, whether the
+// peer may use Send With Invalidate, and how to release it (nil: nothing
+// to release). option is how the user spells the choice ("rdmadev=",
+// "--rdmadev "), for the error.
+func Provider(dev, option string) (p verbs.Provider, desc string, remoteInvalidate bool, closer func() error, err error) {
 	if dev == IWarpGo || (dev == "" && !ibverbs.Available(ibverbs.SysfsRoot)) {
 		return &iwarp.Provider{}, "iwarp-go (pure Go iWARP over TCP)", true, nil, nil
 	}
 	ip, err := ibverbs.Open(dev)
 	if err != nil {
 		if dev == "" {
-			return nil, "", false, nil, fmt.Errorf("proto=rdma: %w (rdmadev=%s uses the pure-Go provider)", err, IWarpGo)
+			return nil, "", false, nil, fmt.Errorf("%w (%s%s uses the pure-Go provider)", err, option, IWarpGo)
 		}
-		return nil, "", false, nil, fmt.Errorf("rdmadev=%s: %w", dev, err)
+		return nil, "", false, nil, fmt.Errorf("%s%s: %w", option, dev, err)
 	}
 	return ip, ip.String(), ip.RemoteInvalidate(), ip.Close, nil
 }
@@ -65,9 +67,9 @@ func dialRDMA(cfg Config) (oncrpc.Transport, error) {
 	default:
 		return nil, fmt.Errorf("rdmavers=%s: want auto, 1 or 2", cfg.RDMAVers)
 	}
-	prov, desc, remInv, closer, err := Provider(cfg.RDMADev)
+	prov, desc, remInv, closer, err := Provider(cfg.RDMADev, "rdmadev=")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("proto=rdma: %w", err)
 	}
 	tr := cfg.Tracer
 	if tr.On(trace.Verbs) {
