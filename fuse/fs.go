@@ -143,6 +143,11 @@ type Counters struct {
 	// could not decode). LastEIO says what the last one was.
 	EIOs    atomic.Uint64
 	LastEIO atomic.Pointer[EIORecord]
+	// InterruptsWaited counts the FUSE_INTERRUPTs whose caller was not
+	// dying, which the request waited through, InterruptsHonoured those
+	// that ended their request because the caller was dying; one first
+	// waited through and then honoured counts in both (interrupt.go).
+	InterruptsWaited, InterruptsHonoured atomic.Uint64
 }
 
 // EIORecord is one request answered EIO and the error behind it.
@@ -475,6 +480,17 @@ func (f *FS) trace(format string, args ...any) {
 	if f.tr.On(trace.FUSE) {
 		f.tr.Printf(trace.FUSE, format, args...)
 	}
+}
+
+// noteInterrupt counts and traces a FUSE_INTERRUPT (interruptWatch).
+func (f *FS) noteInterrupt(tid uint32, dying bool) {
+	if !dying {
+		f.Stats.InterruptsWaited.Add(1)
+		f.trace("INTERRUPT tid=%d: not dying: the request goes on", tid)
+		return
+	}
+	f.Stats.InterruptsHonoured.Add(1)
+	f.trace("INTERRUPT tid=%d: dying: the request ends", tid)
 }
 
 func (f *FS) addFile(h *file) {
