@@ -210,10 +210,15 @@ type FS struct {
 	// openDirs counts open directory handles by inode number; silly
 	// has the names open objects were renamed to, removed at their
 	// last close (silly.go). Guarded by mu.
-	openDirs   map[uint64]int
-	silly      map[uint64][]sillyEntry
-	sillyCount atomic.Uint32
-	sillyNames atomic.Int64 // entries in silly, for a lock-free check
+	openDirs map[uint64]int
+	silly    map[uint64][]sillyEntry
+	// opening counts the OPENs under way by inode number, removing the
+	// REMOVEs of a name of a file not open (silly.go). Guarded by mu;
+	// removeDone is signalled when a REMOVE ends.
+	opening, removing map[uint64]int
+	removeDone        *sync.Cond
+	sillyCount        atomic.Uint32
+	sillyNames        atomic.Int64 // entries in silly, for a lock-free check
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
@@ -246,8 +251,11 @@ func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, err
 		writers:  make(map[uint64]map[*file]struct{}),
 		openDirs: make(map[uint64]int),
 		silly:    make(map[uint64][]sillyEntry),
+		opening:  make(map[uint64]int),
+		removing: make(map[uint64]int),
 	}
 	f.closed = sync.NewCond(&f.mu)
+	f.removeDone = sync.NewCond(&f.mu)
 	f.heap.size = c.WSize()
 	c.SetRecallHandler(f.recall)
 	if v, ok := c.(v42Ops); ok {

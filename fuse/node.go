@@ -451,8 +451,14 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	ctx = uninterrupted(ctx)
-	// An open file is renamed out of the way instead (silly.go).
+	// An open file is renamed out of the way instead (silly.go); one
+	// that is not stays so until the REMOVE is done.
 	if t := n.childNode(name); t != nil && t.StableAttr().Mode != syscall.S_IFDIR {
+		ino := t.StableAttr().Ino
+		if !n.fsys.beginRemove(ino) {
+			defer n.fsys.endRemove(ino)
+			return n.remove(ctx, name)
+		}
 		done, errno := n.fsys.sillyRename(ctx, n, name, t)
 		if done {
 			n.fsys.lastClose(ctx, t.StableAttr().Ino)
