@@ -97,7 +97,10 @@ func TestGaneshaSignalsHardMountWaits(t *testing.T) {
 				}
 			}
 			// rdmafs saw the kernel's interrupts and waited through them.
-			if n := strings.Count(readFile(log), ": not dying: the request goes on"); n == 0 {
+			// Over io_uring the kernel does not interrupt every request
+			// that is waited for (some runs saw none; others EINTR
+			// before the fix), so only /dev/fuse must show them.
+			if n := strings.Count(readFile(log), ": not dying: the request goes on"); n == 0 && tr == "nouring" {
 				t.Errorf("the log has no interrupt waited through:\n%s", readFile(log))
 			} else {
 				t.Logf("%d interrupts waited through; results %+v", n, results)
