@@ -3,6 +3,7 @@ package fuse
 import (
 	"bufio"
 	"bytes"
+	"container/list"
 	"context"
 	"fmt"
 	"os"
@@ -22,17 +23,24 @@ const maxAuthSysGroups = 16
 // groupsTTL bounds how long a process's group list is reused.
 const groupsTTL = 2 * time.Second
 
+// maxCachedCallers bounds the callers whose groups are remembered; the
+// least recently used goes first.
+const maxCachedCallers = 1024
+
 // credCache remembers the supplementary groups of recent callers, read
 // from /proc/PID/status, so that each request does not read it again.
+// An entry is for one thread id with one uid and gid: a thread id
+// reused, or a thread that changed its credentials, is read again.
 type credCache struct {
 	mu      sync.Mutex
-	entries map[uint32]groupsEntry
+	entries map[uint32]*list.Element // of *groupsEntry, by thread id
+	lru     list.List                // front: most recently used
 }
 
 type groupsEntry struct {
-	uid, gid uint32
-	groups   []uint32
-	at       time.Time
+	pid, uid, gid uint32
+	groups        []uint32
+	at            time.Time
 }
 
 // cred returns the AUTH_SYS credential of the process that made the FUSE
@@ -47,20 +55,33 @@ func (f *FS) cred(ctx context.Context) oncrpc.Credential {
 	return f.c.Cred(caller.Uid, caller.Gid, groups)
 }
 
+// groups returns the supplementary groups for a request of thread pid
+// with fsuid uid and fsgid gid (what the kernel puts in the FUSE
+// request: fs/fuse/dev.c, current_fsuid()).
 func (cc *credCache) groups(pid, uid, gid uint32) []uint32 {
 	if pid == 0 {
 		return nil
 	}
 	now := time.Now()
 	cc.mu.Lock()
-	if e, ok := cc.entries[pid]; ok && e.uid == uid && e.gid == gid && now.Sub(e.at) < groupsTTL {
-		cc.mu.Unlock()
-		return e.groups
+	if el, ok := cc.entries[pid]; ok {
+		e := el.Value.(*groupsEntry)
+		if e.uid == uid && e.gid == gid && now.Sub(e.at) < groupsTTL {
+			cc.lru.MoveToFront(el)
+			cc.mu.Unlock()
+			return e.groups
+		}
 	}
 	cc.mu.Unlock()
-	groups, err := procGroups(pid)
-	if err != nil {
-		groups = nil // the process is gone: its uid and gid are enough
+	st, err := procCred(pid)
+	// The groups are lent only by the thread whose status says it has
+	// the request's credentials: a thread id reused by another user's
+	// process, or a thread that changed its credentials (setuid) since
+	// the request was made, keeps its groups. The process gone, its uid
+	// and gid are enough.
+	var groups []uint32
+	if err == nil && st.fsuid == uid && st.fsgid == gid {
+		groups = st.groups
 	}
 	// The primary gid already travels in the credential.
 	out := groups[:0:0]
@@ -69,42 +90,111 @@ func (cc *credCache) groups(pid, uid, gid uint32) []uint32 {
 			out = append(out, g)
 		}
 	}
-	cc.mu.Lock()
-	if cc.entries == nil || len(cc.entries) > 4096 {
-		cc.entries = make(map[uint32]groupsEntry)
-	}
-	cc.entries[pid] = groupsEntry{uid: uid, gid: gid, groups: out, at: now}
-	cc.mu.Unlock()
+	cc.put(&groupsEntry{pid: pid, uid: uid, gid: gid, groups: out, at: now})
 	return out
 }
 
-// procGroups reads the supplementary groups of pid from /proc.
-func procGroups(pid uint32) ([]uint32, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return nil, err
+// put remembers e, dropping the least recently used entry beyond
+// maxCachedCallers.
+func (cc *credCache) put(e *groupsEntry) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.entries == nil {
+		cc.entries = make(map[uint32]*list.Element)
 	}
-	return parseGroups(b)
+	if el, ok := cc.entries[e.pid]; ok {
+		el.Value = e
+		cc.lru.MoveToFront(el)
+		return
+	}
+	cc.entries[e.pid] = cc.lru.PushFront(e)
+	for cc.lru.Len() > maxCachedCallers {
+		old := cc.lru.Back()
+		cc.lru.Remove(old)
+		delete(cc.entries, old.Value.(*groupsEntry).pid)
+	}
 }
 
-// parseGroups extracts the "Groups:" line of a /proc/PID/status file.
-func parseGroups(status []byte) ([]uint32, error) {
+// len returns the number of callers remembered.
+func (cc *credCache) len() int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.lru.Len()
+}
+
+// statusCred is what /proc/PID/status says of a thread's credentials.
+type statusCred struct {
+	fsuid, fsgid uint32
+	groups       []uint32
+}
+
+// procCred reads the credentials of thread pid from /proc.
+func procCred(pid uint32) (statusCred, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return statusCred{}, err
+	}
+	return parseStatusCred(b)
+}
+
+// parseStatusCred extracts the file-system uid and gid (the fourth
+// field of the "Uid:" and "Gid:" lines: real, effective, saved set,
+// file system; proc(5)) and the "Groups:" line of a /proc/PID/status
+// file.
+func parseStatusCred(status []byte) (statusCred, error) {
+	var c statusCred
+	var haveUID, haveGID, haveGroups bool
 	sc := bufio.NewScanner(bytes.NewReader(status))
 	for sc.Scan() {
-		line := sc.Bytes()
-		rest, ok := bytes.CutPrefix(line, []byte("Groups:"))
+		key, rest, ok := bytes.Cut(sc.Bytes(), []byte(":"))
 		if !ok {
 			continue
 		}
-		var gs []uint32
-		for _, f := range bytes.Fields(rest) {
-			v, err := strconv.ParseUint(string(f), 10, 32)
-			if err != nil {
-				return nil, fmt.Errorf("groups %q: %w", f, err)
-			}
-			gs = append(gs, uint32(v))
+		var err error
+		switch string(key) {
+		case "Uid":
+			c.fsuid, err = fsID(rest)
+			haveUID = true
+		case "Gid":
+			c.fsgid, err = fsID(rest)
+			haveGID = true
+		case "Groups":
+			c.groups, err = parseIDs(rest)
+			haveGroups = true
 		}
-		return gs, nil
+		if err != nil {
+			return statusCred{}, fmt.Errorf("%s: %w", key, err)
+		}
 	}
-	return nil, fmt.Errorf("no Groups line")
+	if err := sc.Err(); err != nil {
+		return statusCred{}, err
+	}
+	if !haveUID || !haveGID || !haveGroups {
+		return statusCred{}, fmt.Errorf("no Uid, Gid or Groups line")
+	}
+	return c, nil
+}
+
+// fsID returns the fourth of a Uid or Gid line's four ids.
+func fsID(rest []byte) (uint32, error) {
+	ids, err := parseIDs(rest)
+	if err != nil {
+		return 0, err
+	}
+	if len(ids) != 4 {
+		return 0, fmt.Errorf("%d ids, want 4", len(ids))
+	}
+	return ids[3], nil
+}
+
+func parseIDs(rest []byte) ([]uint32, error) {
+	var ids []uint32
+	for _, f := range bytes.Fields(rest) {
+		v, err := strconv.ParseUint(string(f), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("id %q: %w", f, err)
+		}
+		ids = append(ids, uint32(v))
+	}
+	return ids, nil
 }

@@ -105,8 +105,19 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	n.fsys.Stats.Opens.Add(1)
 	cred := n.fsys.cred(ctx)
 	access := shareAccess(flags)
+	// Until the file is on f.files, the OPEN counts as open for silly
+	// rename (silly.go beginOpen).
+	ino := n.StableAttr().Ino
+	n.fsys.beginOpen(ino)
+	opened := false
+	defer func() { n.fsys.endOpen(ctx, ino, opened) }()
 	of, err := n.fsys.c.OpenFH(ctx, cred, n.handle(), access, nfsclient.ShareDenyNone)
 	if err != nil {
+		// NFS4ERR_STALE: the file is gone (a REMOVE landed after the
+		// kernel's LOOKUP). ESTALE has the kernel walk the path again
+		// with LOOKUP_REVAL (fs/namei.c do_filp_open), which finds the
+		// name gone (ENOENT, as the Linux client's open by name
+		// answers), or the file now there, which it opens.
 		return nil, 0, n.errno("OPEN", err)
 	}
 	if flags&syscall.O_TRUNC != 0 && access != nfsclient.ShareAccessRead && of.Attr.Size != 0 {
@@ -117,6 +128,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	}
 	n.setAttr(&of.Attr)
 	h := n.fsys.newFile(n, of, cred, access)
+	opened = true
 	fl := n.openFlags(of.Attr.Change, flags)
 	if fl&gofuse.FOPEN_KEEP_CACHE == 0 {
 		// The file changed on the server since the kernel cached it:

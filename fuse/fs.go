@@ -143,6 +143,11 @@ type Counters struct {
 	// could not decode). LastEIO says what the last one was.
 	EIOs    atomic.Uint64
 	LastEIO atomic.Pointer[EIORecord]
+	// InterruptsWaited counts the FUSE_INTERRUPTs whose caller was not
+	// dying, which the request waited through, InterruptsHonoured those
+	// that ended their request because the caller was dying; one first
+	// waited through and then honoured counts in both (interrupt.go).
+	InterruptsWaited, InterruptsHonoured atomic.Uint64
 }
 
 // EIORecord is one request answered EIO and the error behind it.
@@ -205,10 +210,15 @@ type FS struct {
 	// openDirs counts open directory handles by inode number; silly
 	// has the names open objects were renamed to, removed at their
 	// last close (silly.go). Guarded by mu.
-	openDirs   map[uint64]int
-	silly      map[uint64][]sillyEntry
-	sillyCount atomic.Uint32
-	sillyNames atomic.Int64 // entries in silly, for a lock-free check
+	openDirs map[uint64]int
+	silly    map[uint64][]sillyEntry
+	// opening counts the OPENs under way by inode number, removing the
+	// REMOVEs of a name of a file not open (silly.go). Guarded by mu;
+	// removeDone is signalled when a REMOVE ends.
+	opening, removing map[uint64]int
+	removeDone        *sync.Cond
+	sillyCount        atomic.Uint32
+	sillyNames        atomic.Int64 // entries in silly, for a lock-free check
 	// delegNodes are the nodes of files under a delegation, by file
 	// handle, for recalls (deleg.go). Guarded by mu.
 	delegNodes map[string]*node
@@ -241,8 +251,11 @@ func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, err
 		writers:  make(map[uint64]map[*file]struct{}),
 		openDirs: make(map[uint64]int),
 		silly:    make(map[uint64][]sillyEntry),
+		opening:  make(map[uint64]int),
+		removing: make(map[uint64]int),
 	}
 	f.closed = sync.NewCond(&f.mu)
+	f.removeDone = sync.NewCond(&f.mu)
 	f.heap.size = c.WSize()
 	c.SetRecallHandler(f.recall)
 	if v, ok := c.(v42Ops); ok {
@@ -475,6 +488,17 @@ func (f *FS) trace(format string, args ...any) {
 	if f.tr.On(trace.FUSE) {
 		f.tr.Printf(trace.FUSE, format, args...)
 	}
+}
+
+// noteInterrupt counts and traces a FUSE_INTERRUPT (interruptWatch).
+func (f *FS) noteInterrupt(tid uint32, dying bool) {
+	if !dying {
+		f.Stats.InterruptsWaited.Add(1)
+		f.trace("INTERRUPT tid=%d: not dying: the request goes on", tid)
+		return
+	}
+	f.Stats.InterruptsHonoured.Add(1)
+	f.trace("INTERRUPT tid=%d: dying: the request ends", tid)
 }
 
 func (f *FS) addFile(h *file) {

@@ -150,7 +150,9 @@ func (h *file) Setlk(ctx context.Context, owner uint64, lk *gofuse.FileLock, fla
 }
 
 // Setlkw takes a lock, waiting for conflicting ones to go (F_SETLKW,
-// flock without LOCK_NB) until the kernel interrupts the request.
+// flock without LOCK_NB) until the kernel interrupts the request: any
+// signal ends it with EINTR (killable passes SETLKW the kernel's cancel
+// channel: interrupt.go).
 func (h *file) Setlkw(ctx context.Context, owner uint64, lk *gofuse.FileLock, flags uint32) syscall.Errno {
 	return h.setlk(ctx, owner, lk, flags, true)
 }

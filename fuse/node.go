@@ -98,9 +98,10 @@ func (n *node) handle() []byte {
 	return n.fh
 }
 
-// uninterrupted detaches ctx from FUSE interrupts (the kernel sends one
-// when the calling thread gets any signal, Go's preemption signal too).
-// Operations that change state on the server run to completion: an OPEN
+// uninterrupted detaches ctx from FUSE interrupts (a request's context
+// ends when the kernel interrupted it and its caller is dying, or, for a
+// blocking lock wait, at any signal: interrupt.go). Operations that
+// change state on the server run to completion even then: an OPEN
 // abandoned half-way would leave open state nobody closes, a cancelled
 // COMMIT would poison the file's write error.
 func uninterrupted(ctx context.Context) context.Context {
@@ -108,8 +109,8 @@ func uninterrupted(ctx context.Context) context.Context {
 }
 
 // errno maps err for the kernel: nfsclient.Errno for NFS and transport
-// errors, EINTR for a call the kernel interrupted (the caller retries,
-// as Go's os package and libc's SA_RESTART do).
+// errors, EINTR for a call whose context ended (its caller is dying:
+// interrupt.go).
 func (n *node) errno(op string, err error) syscall.Errno {
 	e := nfsclient.Errno(err)
 	if errors.Is(err, context.Canceled) {
@@ -450,8 +451,14 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	ctx = uninterrupted(ctx)
-	// An open file is renamed out of the way instead (silly.go).
+	// An open file is renamed out of the way instead (silly.go); one
+	// that is not stays so until the REMOVE is done.
 	if t := n.childNode(name); t != nil && t.StableAttr().Mode != syscall.S_IFDIR {
+		ino := t.StableAttr().Ino
+		if !n.fsys.beginRemove(ino) {
+			defer n.fsys.endRemove(ino)
+			return n.remove(ctx, name)
+		}
 		done, errno := n.fsys.sillyRename(ctx, n, name, t)
 		if done {
 			n.fsys.lastClose(ctx, t.StableAttr().Ino)

@@ -212,11 +212,14 @@ func (f *FS) writeKillsPriv(ctx context.Context) bool {
 	return ok
 }
 
-// mount is fs.Mount with rawHooks around the node file system, served
-// over /dev/fuse or, with Options.URing, over io_uring (uringmount.go).
+// mount is fs.Mount with rawHooks around the node file system and
+// killable around that (interrupt.go), served over /dev/fuse or, with
+// Options.URing, over io_uring (uringmount.go): both transports hand
+// their requests, INTERRUPTs included, to the same raw file system.
 func (f *FS) mount(dir string, root fs.InodeEmbedder, opts *fs.Options) (*gofuse.Server, error) {
-	raw := rawHooks{RawFileSystem: fs.NewNodeFS(root, opts), flushOwners: &f.flushOwners, writeFlags: &f.writeFlags,
+	hooks := rawHooks{RawFileSystem: fs.NewNodeFS(root, opts), flushOwners: &f.flushOwners, writeFlags: &f.writeFlags,
 		flushHolding: &f.flushHolding, releases: newReleaseWait()}
+	raw := killable{RawFileSystem: hooks, w: &interruptWatch{dying: threadDying, note: f.noteInterrupt}}
 	if f.opts.URing != URingOff {
 		return f.mountURing(dir, raw, &opts.MountOptions)
 	}

@@ -35,7 +35,17 @@ type sillyEntry struct {
 func (f *FS) openUnlinkable(ino uint64) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.openDirs[ino] > 0 {
+	return f.openUnlinkableLocked(ino)
+}
+
+// openUnlinkableLocked is openUnlinkable; caller holds f.mu. An OPEN
+// under way counts as open, as the Linux client counts an open in
+// progress (its open context is on the inode before the OPEN is sent):
+// a REMOVE that reached the server just after it would leave its
+// stateid to a removed file (ganesha then answers LOCK with
+// NFS4ERR_BAD_STATEID).
+func (f *FS) openUnlinkableLocked(ino uint64) bool {
+	if f.openDirs[ino] > 0 || f.opening[ino] > 0 {
 		return true
 	}
 	for h := range f.files {
@@ -49,7 +59,7 @@ func (f *FS) openUnlinkable(ino uint64) bool {
 // openAnyLocked reports whether ino is still open (file or directory).
 // Caller holds f.mu.
 func (f *FS) openAnyLocked(ino uint64) bool {
-	if f.openDirs[ino] > 0 {
+	if f.openDirs[ino] > 0 || f.opening[ino] > 0 {
 		return true
 	}
 	for h := range f.files {
@@ -58,6 +68,54 @@ func (f *FS) openAnyLocked(ino uint64) bool {
 		}
 	}
 	return false
+}
+
+// beginOpen counts an OPEN of ino under way, once no REMOVE of a name
+// of it is: the OPEN then either counts for silly rename or comes after
+// the REMOVE (and finds the file gone: NFS4ERR_STALE, ESTALE, on which
+// the kernel walks the path again, fs/namei.c do_filp_open). endOpen
+// ends it; after a failed OPEN it removes the names silly-renamed
+// meanwhile (lastClose), which no close will.
+func (f *FS) beginOpen(ino uint64) {
+	f.mu.Lock()
+	for f.removing[ino] > 0 {
+		f.removeDone.Wait()
+	}
+	f.opening[ino]++
+	f.mu.Unlock()
+}
+
+func (f *FS) endOpen(ctx context.Context, ino uint64, opened bool) {
+	f.mu.Lock()
+	if f.opening[ino]--; f.opening[ino] <= 0 {
+		delete(f.opening, ino)
+	}
+	f.mu.Unlock()
+	if !opened {
+		f.lastClose(ctx, ino)
+	}
+}
+
+// beginRemove reports whether ino is open (or being opened) in a way its
+// removal would break; if not, it counts a REMOVE of it under way until
+// endRemove, holding new OPENs of it back.
+func (f *FS) beginRemove(ino uint64) (open bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.openUnlinkableLocked(ino) {
+		return true
+	}
+	f.removing[ino]++
+	return false
+}
+
+func (f *FS) endRemove(ino uint64) {
+	f.mu.Lock()
+	if f.removing[ino]--; f.removing[ino] <= 0 {
+		delete(f.removing, ino)
+	}
+	f.removeDone.Broadcast()
+	f.mu.Unlock()
 }
 
 // sillyRename renames dir/name, the object target that this mount has

@@ -289,14 +289,15 @@ const maxCopy = math.MaxUint32 &^ 4095
 // copies 4 MiB per synchronous COPY) and asks for a large range to be
 // copied in the background (s15.2.3, CB_OFFLOAD), so that cp(1)'s one
 // call for a whole file is one FUSE request, not one per 4 MiB, each with
-// its own write-back flush and COMMIT. An interrupt (FUSE_INTERRUPT, a
-// signal to the copying process) stops the copy after the COPY under way,
-// or cancels the server's background copy (OFFLOAD_CANCEL, s15.8).
+// its own write-back flush and COMMIT. A fatal signal to the copying
+// process (its FUSE_INTERRUPT: interrupt.go) stops the copy after the
+// COPY under way, or cancels the server's background copy
+// (OFFLOAD_CANCEL, s15.8).
 // Where the server has neither COPY nor CLONE, EOPNOTSUPP makes the
 // kernel copy through READ and WRITE itself (fuse_copy_file_range falls
 // back to splice, as Linux's nfs4_copy_file_range does).
 func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode, fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
-	copyCtx := ctx // interrupted with the caller
+	copyCtx := ctx // ends if the caller is killed
 	ctx = uninterrupted(ctx)
 	v := &n.fsys.v42
 	dst, ok := out.Operations().(*node)
