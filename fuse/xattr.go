@@ -47,20 +47,14 @@ func xattrName(name string) (string, syscall.Errno) {
 	return rest, 0
 }
 
-// xattrErrno maps an error of an RFC 8276 operation: NFS4ERR_NOXATTR is
-// ENODATA, NFS4ERR_XATTR2BIG E2BIG (Linux's nfs4_stat_to_errno). A server
-// that answers NFS4ERR_NOTSUPP has no xattrs: the mount stops asking.
+// xattrErrno maps an error of an RFC 8276 operation as any other
+// (nfsclient.Errno: NFS4ERR_NOXATTR is ENODATA, NFS4ERR_XATTR2BIG E2BIG,
+// as Linux's nfs4_stat_to_errno). A server that answers NFS4ERR_NOTSUPP
+// has no xattrs: the mount stops asking.
 func (n *node) xattrErrno(op string, err error) syscall.Errno {
 	var st nfsclient.Status
-	if errors.As(err, &st) {
-		switch st {
-		case nfsclient.ErrNoXattr:
-			return syscall.ENODATA
-		case nfsclient.ErrXattr2Big:
-			return syscall.E2BIG
-		case nfsclient.ErrNotSupp:
-			n.fsys.v42.noXattr.Store(true)
-		}
+	if errors.As(err, &st) && st == nfsclient.ErrNotSupp {
+		n.fsys.v42.noXattr.Store(true)
 	}
 	return n.errno(op, err)
 }
