@@ -99,6 +99,10 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 		s.Lookups.Load(), s.Opens.Load(), s.Creates.Load(), s.Readdirs.Load(), s.Reads.Load(), s.ReadBytes.Load(),
 		s.Writes.Load(), s.WriteBytes.Load(), s.Flushes.Load(), s.Fsyncs.Load(), s.WriteErrors.Load(), s.GetattrsAnswered.Load())
 	fmt.Fprintf(w, "fuse transport: %s ring_requests=%d\n", m.FS.FUSETransport(), m.FS.RingRequests())
+	// FUSE_INTERRUPTs a request waited through (its caller was not
+	// dying when it came) and those honoured (the caller was found
+	// dying); a blocking lock wait's is in neither.
+	fmt.Fprintf(w, "interrupts: waited=%d honoured=%d\n", s.InterruptsWaited.Load(), s.InterruptsHonoured.Load())
 	if r := s.LastEIO.Load(); r != nil {
 		fmt.Fprintf(w, "eio: count=%d last=%s %s: %s\n", s.EIOs.Load(), r.Time.Format(time.RFC3339), r.Op, termSafe(r.Err))
 	}
