@@ -62,6 +62,13 @@ func (a AuthSys) Credential() Credential {
 
 // ParseAuthSys decodes an AUTH_SYS credential body.
 func ParseAuthSys(body []byte) (AuthSys, error) {
+	a, _, err := decodeAuthSys(body)
+	return a, err
+}
+
+// decodeAuthSys decodes an AUTH_SYS credential body and says how many
+// bytes follow its last field.
+func decodeAuthSys(body []byte) (AuthSys, int, error) {
 	var a AuthSys
 	d := xdr.NewDecoder(body)
 	a.Stamp = d.Uint32()
@@ -72,7 +79,7 @@ func ParseAuthSys(body []byte) (AuthSys, error) {
 		a.GIDs = append(a.GIDs, d.Uint32())
 	}
 	if err := d.Err(); err != nil {
-		return AuthSys{}, fmt.Errorf("rpc: bad AUTH_SYS body: %w", err)
+		return AuthSys{}, 0, fmt.Errorf("rpc: bad AUTH_SYS body: %w", err)
 	}
-	return a, nil
+	return a, d.Remaining(), nil
 }

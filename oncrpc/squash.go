@@ -118,22 +118,11 @@ func (m Squash) apply(a *AuthSys) {
 // parseAuthSysExact is ParseAuthSys that also refuses bytes after the
 // body's last field.
 func parseAuthSysExact(body []byte) (AuthSys, error) {
-	var a AuthSys
-	d := xdr.NewDecoder(body)
-	a.Stamp = d.Uint32()
-	a.MachineName = d.String(255)
-	a.UID, a.GID = d.Uint32(), d.Uint32()
-	k := d.Length(maxAuthSysGroups)
-	for range k {
-		a.GIDs = append(a.GIDs, d.Uint32())
+	a, rest, err := decodeAuthSys(body)
+	if err == nil && rest != 0 {
+		err = fmt.Errorf("rpc: bad AUTH_SYS body: %d bytes after its groups", rest)
 	}
-	if err := d.Err(); err != nil {
-		return AuthSys{}, fmt.Errorf("rpc: bad AUTH_SYS body: %w", err)
-	}
-	if d.Remaining() != 0 {
-		return AuthSys{}, fmt.Errorf("rpc: bad AUTH_SYS body: %d bytes after its groups", d.Remaining())
-	}
-	return a, nil
+	return a, err
 }
 
 // deniedReply encodes a MSG_DENIED reply (RFC 5531 s9 rejected_reply):
