@@ -2,13 +2,14 @@ package nfs_test
 
 import (
 	"context"
-	"net"
+
 	"os"
-	"strconv"
+
 	"testing"
 	"time"
 
 	"github.com/rdmafs/rdmafs/nfs"
+	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
 // TestDialResvPort: as root, the library connects from a reserved source
@@ -21,28 +22,13 @@ func TestDialResvPort(t *testing.T) {
 		t.Fatal("a reserved port is bound as root only; run the tests as root")
 	}
 	for _, noResv := range []bool{false, true} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		ports := make(chan int, 4)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				ports <- c.RemoteAddr().(*net.TCPAddr).Port
-				defer c.Close()
-			}
-		}()
+		server, ports := testpeer.ListenPorts(t)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			if c, err := nfs.Dial(ctx, "127.0.0.1:"+strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)+":/", nfs.Options{NoResvPort: noResv, Timeout: time.Second, Retrans: 1, Soft: true}); err == nil {
+			if c, err := nfs.Dial(ctx, server+":/", nfs.Options{NoResvPort: noResv, Timeout: time.Second, Retrans: 1, Soft: true}); err == nil {
 				c.Close()
 			}
 		}()

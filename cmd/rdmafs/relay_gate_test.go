@@ -179,23 +179,8 @@ func TestRelayResvPort(t *testing.T) {
 		flags    []string
 		reserved bool
 	}{{nil, true}, {[]string{"--noresvport"}, false}} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		ports := make(chan int, 16)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				ports <- c.RemoteAddr().(*net.TCPAddr).Port
-				defer c.Close()
-			}
-		}()
-		r := startRelayBin(t, ln.Addr().String(), c.flags...)
+		server, ports := testpeer.ListenPorts(t)
+		r := startRelayBin(t, server, c.flags...)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		select {
