@@ -3,16 +3,15 @@ package fuse
 import (
 	"bufio"
 	"bytes"
-	"container/list"
 	"context"
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/rdmafs/rdmafs/internal/lru"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -32,15 +31,20 @@ const maxCachedCallers = 1024
 // An entry is for one thread id with one uid and gid: a thread id
 // reused, or a thread that changed its credentials, is read again.
 type credCache struct {
-	mu      sync.Mutex
-	entries map[uint32]*list.Element // of *groupsEntry, by thread id
-	lru     list.List                // front: most recently used
+	callers lru.Cache[uint32, groupsEntry] // by thread id; Max: newCredCache
+}
+
+// newCredCache returns an empty cache of at most maxCachedCallers.
+func newCredCache() *credCache {
+	cc := &credCache{}
+	cc.callers.Max = maxCachedCallers
+	return cc
 }
 
 type groupsEntry struct {
-	pid, uid, gid uint32
-	groups        []uint32
-	at            time.Time
+	uid, gid uint32
+	groups   []uint32
+	at       time.Time
 }
 
 // cred returns the AUTH_SYS credential of the process that made the FUSE
@@ -63,16 +67,9 @@ func (cc *credCache) groups(pid, uid, gid uint32) []uint32 {
 		return nil
 	}
 	now := time.Now()
-	cc.mu.Lock()
-	if el, ok := cc.entries[pid]; ok {
-		e := el.Value.(*groupsEntry)
-		if e.uid == uid && e.gid == gid && now.Sub(e.at) < groupsTTL {
-			cc.lru.MoveToFront(el)
-			cc.mu.Unlock()
-			return e.groups
-		}
+	if e, ok := cc.callers.Get(pid); ok && e.uid == uid && e.gid == gid && now.Sub(e.at) < groupsTTL {
+		return e.groups
 	}
-	cc.mu.Unlock()
 	st, err := procCred(pid)
 	// The groups are lent only by the thread whose status says it has
 	// the request's credentials: a thread id reused by another user's
@@ -90,37 +87,12 @@ func (cc *credCache) groups(pid, uid, gid uint32) []uint32 {
 			out = append(out, g)
 		}
 	}
-	cc.put(&groupsEntry{pid: pid, uid: uid, gid: gid, groups: out, at: now})
+	cc.callers.Put(pid, groupsEntry{uid: uid, gid: gid, groups: out, at: now})
 	return out
 }
 
-// put remembers e, dropping the least recently used entry beyond
-// maxCachedCallers.
-func (cc *credCache) put(e *groupsEntry) {
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	if cc.entries == nil {
-		cc.entries = make(map[uint32]*list.Element)
-	}
-	if el, ok := cc.entries[e.pid]; ok {
-		el.Value = e
-		cc.lru.MoveToFront(el)
-		return
-	}
-	cc.entries[e.pid] = cc.lru.PushFront(e)
-	for cc.lru.Len() > maxCachedCallers {
-		old := cc.lru.Back()
-		cc.lru.Remove(old)
-		delete(cc.entries, old.Value.(*groupsEntry).pid)
-	}
-}
-
 // len returns the number of callers remembered.
-func (cc *credCache) len() int {
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	return cc.lru.Len()
-}
+func (cc *credCache) len() int { return cc.callers.Len() }
 
 // statusCred is what /proc/PID/status says of a thread's credentials.
 type statusCred struct {

@@ -54,7 +54,7 @@ func TestCredCacheChecksCredentials(t *testing.T) {
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	pid := uint32(cmd.Process.Pid)
-	var cc credCache
+	cc := newCredCache()
 	if got := cc.groups(pid, 0, 0); len(got) != 0 {
 		t.Errorf("uid 0: lent the groups %v of uid 1000", got)
 	}
@@ -69,7 +69,7 @@ func TestCredCacheChecksCredentials(t *testing.T) {
 // TestCredCacheBound: the cache keeps at most maxCachedCallers callers,
 // dropping the least recently used.
 func TestCredCacheBound(t *testing.T) {
-	var cc credCache
+	cc := newCredCache()
 	const first = 1 << 30 // thread ids no process has: nothing to read
 	for i := range uint32(3 * maxCachedCallers) {
 		cc.groups(first+i, 1000, 1000)
@@ -81,10 +81,8 @@ func TestCredCacheBound(t *testing.T) {
 	if n := cc.len(); n != maxCachedCallers {
 		t.Errorf("%d callers cached, want %d", n, maxCachedCallers)
 	}
-	cc.mu.Lock()
-	_, kept := cc.entries[first]
-	_, dropped := cc.entries[first+1]
-	cc.mu.Unlock()
+	_, kept := cc.callers.Get(first)
+	_, dropped := cc.callers.Get(first + 1)
 	if !kept || dropped {
 		t.Errorf("the caller in use kept: %v; the oldest dropped: %v", kept, !dropped)
 	}

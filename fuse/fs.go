@@ -178,7 +178,7 @@ type FS struct {
 	bg       context.Context
 	bgCancel context.CancelFunc
 
-	creds credCache
+	creds *credCache
 
 	mu    sync.Mutex
 	files map[*file]struct{} // open regular files
@@ -253,6 +253,7 @@ func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, err
 		silly:    make(map[uint64][]sillyEntry),
 		opening:  make(map[uint64]int),
 		removing: make(map[uint64]int),
+		creds:    newCredCache(),
 	}
 	f.closed = sync.NewCond(&f.mu)
 	f.removeDone = sync.NewCond(&f.mu)

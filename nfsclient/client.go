@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/lru"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
@@ -113,7 +114,7 @@ type Client struct {
 	copies   copyTable     // asynchronous COPYs waiting for CB_OFFLOAD
 
 	stats     Stats
-	credCache credLRU // Cred's encoded credentials, the most recently used
+	credCache lru.Cache[string, oncrpc.Credential] // Cred's encoded credentials, the most recently used (Max maxCachedCreds)
 
 	closing   context.Context // done once Close or Abandon has begun
 	stop      context.CancelFunc
@@ -151,6 +152,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		renewDone: make(chan struct{}),
 		opens:     make(map[[12]byte]*OpenFile),
 	}
+	c.credCache.Max = maxCachedCreds
 	c.closing, c.stop = context.WithCancel(context.Background())
 	c.minor.Store(minorVersion2)
 	if cfg.MinorVersion == 1 {
@@ -297,6 +299,11 @@ func (c *Client) Abandon() {
 	c.cfg.Transport.Close()
 }
 
+// maxCachedCreds bounds the credentials Client.Cred keeps encoded: a
+// mount shared by many users (allow_other) sees as many credentials as
+// they care to make, so the least recently used is dropped beyond it.
+const maxCachedCreds = 1024
+
 // Cred returns the AUTH_SYS credential of a caller, cached so that each
 // call does not encode it again: the maxCachedCreds most recently used
 // are kept.
@@ -307,11 +314,11 @@ func (c *Client) Cred(uid, gid uint32, groups []uint32) oncrpc.Credential {
 		fmt.Fprintf(&kb, ",%d", g)
 	}
 	key := kb.String()
-	if cred, ok := c.credCache.get(key); ok {
+	if cred, ok := c.credCache.Get(key); ok {
 		return cred
 	}
 	cred := oncrpc.AuthSys{MachineName: c.cfg.Hostname, UID: uid, GID: gid, GIDs: groups}.Credential()
-	c.credCache.put(key, cred)
+	c.credCache.Put(key, cred)
 	return cred
 }
 

@@ -12,6 +12,7 @@ import (
 // answers with the right credential, the recently used one kept.
 func TestCredCacheBounded(t *testing.T) {
 	c := &Client{}
+	c.credCache.Max = maxCachedCreds
 	c.cfg.Hostname = "h"
 	hot := c.Cred(1000, 1000, []uint32{1, 2})
 	for i := range uint32(500_000) {
@@ -20,13 +21,13 @@ func TestCredCacheBounded(t *testing.T) {
 			c.Cred(1000, 1000, []uint32{1, 2}) // keep it recent
 		}
 	}
-	if n := c.credCache.len(); n > maxCachedCreds {
+	if n := c.credCache.Len(); n > maxCachedCreds {
 		t.Fatalf("%d credentials cached, want at most %d", n, maxCachedCreds)
 	}
-	if _, ok := c.credCache.get("1000:1000,1,2"); !ok {
+	if _, ok := c.credCache.Get("1000:1000,1,2"); !ok {
 		t.Errorf("recently used credential was evicted")
 	}
-	if _, ok := c.credCache.get("1048576:0"); ok {
+	if _, ok := c.credCache.Get("1048576:0"); ok {
 		t.Errorf("least recently used credential still cached")
 	}
 	got := c.Cred(1000, 1000, []uint32{1, 2})

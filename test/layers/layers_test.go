@@ -24,7 +24,7 @@ var layers = []struct {
 	rank   int
 	what   string
 }{
-	{"internal", 0, "XDR primitives and tracing, shared by every layer"},
+	{"internal", 0, "XDR primitives, tracing and a bounded LRU cache, shared by every layer"},
 	{"oncrpc", 1, "ONC RPC and its transports' interface"},
 	{"verbs", 1, "the verbs API"},
 	{"verbs/iwarp", 2, "pure-Go iWARP provider"},
