@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/user"
@@ -241,8 +243,9 @@ func TestMountFusermountReason(t *testing.T) {
 	}
 }
 
-// TestCheckPrivateDir checks what makes a user's stats directory
-// acceptable: a real directory, owned by the user, mode 0700 or less.
+// TestCheckPrivateDir checks what makes a run directory acceptable: a
+// real directory (not a symbolic link), owned by the user, that neither
+// group nor others may write to.
 func TestCheckPrivateDir(t *testing.T) {
 	base := t.TempDir()
 	uid := os.Geteuid()
@@ -253,25 +256,34 @@ func TestCheckPrivateDir(t *testing.T) {
 	if err := checkPrivateDir(ok, uid); err != nil {
 		t.Errorf("0700 directory of uid %d: %v", uid, err)
 	}
-	if err := checkPrivateDir(ok, uid+1); err == nil || !strings.Contains(err.Error(), "not private to uid") {
-		t.Errorf("directory of another uid: %v, want not private", err)
+	if err := checkPrivateDir(ok, uid+1); err == nil || !strings.Contains(err.Error(), "belongs to uid") {
+		t.Errorf("directory of another uid: %v, want refused as another's", err)
 	}
-	open := filepath.Join(base, "open")
-	if err := os.Mkdir(open, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(open, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := checkPrivateDir(open, uid); err == nil || !strings.Contains(err.Error(), "mode 0755") {
-		t.Errorf("0755 directory: %v, want not private", err)
+	for _, c := range []struct {
+		mode fs.FileMode
+		ok   bool
+	}{{0o755, true}, {0o775, false}, {0o757, false}, {0o777, false}} {
+		d := filepath.Join(base, fmt.Sprintf("mode%o", c.mode))
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		err := checkPrivateDir(d, uid)
+		if c.ok && err != nil {
+			t.Errorf("%04o directory: %v, want accepted (no one else may write to it)", c.mode, err)
+		}
+		if !c.ok && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("mode %04o", c.mode))) {
+			t.Errorf("%04o directory: %v, want refused for its mode", c.mode, err)
+		}
 	}
 	link := filepath.Join(base, "link")
 	if err := os.Symlink(ok, link); err != nil {
 		t.Fatal(err)
 	}
-	if err := checkPrivateDir(link, uid); err == nil || !strings.Contains(err.Error(), "not a directory") {
-		t.Errorf("symbolic link to a private directory: %v, want not a directory", err)
+	if err := checkPrivateDir(link, uid); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Errorf("symbolic link to a private directory: %v, want refused as a link", err)
 	}
 	if got := userRunDirs(1000, ""); len(got) != 1 || got[0] != "/tmp/rdmafs-1000" {
 		t.Errorf("userRunDirs without XDG_RUNTIME_DIR: %q", got)
