@@ -178,6 +178,7 @@ type serverConn struct {
 	bcPending map[uint32]chan []byte
 
 	recvBufs [][]byte       // posted by Responder.setupQP, owned by serve
+	posted   atomic.Int32   // receive buffers posted: the grant (responder_recv.go)
 	recvSGL  [][1]verbs.SGE // by WRID: the scatter list of the posted buffer, owned by serve
 
 	// ctx ends with the connection: waits for memory end with it.
@@ -275,6 +276,7 @@ func (c *serverConn) serve() {
 				c.s.stats.overruns.Add(1)
 				return
 			}
+			bufs = c.growRecv(bufs)
 			if len(msg) >= 16 && binary.BigEndian.Uint32(msg[12:]) == ProcOptional {
 				// Characteristics apply in arrival order, before any
 				// call that follows them.
@@ -512,7 +514,7 @@ func (c *serverConn) handleCall(msg []byte, leave func()) {
 // if the rest fits, else into the Reply chunk as RDMA_NOMSG.
 func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRef) error {
 	// v2 s5.3: a reply has the version of its call.
-	out := Header{XID: call.XID, Vers: call.Vers, Credit: uint32(c.s.cfg.Credits), Proc: ProcMsg}
+	out := Header{XID: call.XID, Vers: call.Vers, Credit: c.grant(), Proc: ProcMsg}
 	sendSize, remInv := c.sendParams()
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
@@ -591,7 +593,7 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 func (c *serverConn) sendError(call *Header, code uint32) {
 	// RFC 8166 s5.1: an RDMA_ERROR echoes the version of the message
 	// it answers; ERR_VERS carries the range we serve.
-	out := Header{XID: call.XID, Vers: call.Vers, Credit: uint32(c.s.cfg.Credits), Proc: ProcError, ErrCode: code,
+	out := Header{XID: call.XID, Vers: call.Vers, Credit: c.grant(), Proc: ProcError, ErrCode: code,
 		VersLow: Version1, VersHigh: uint32(c.s.cfg.MaxVersion)}
 	var e xdr.Encoder
 	out.Append(&e)

@@ -2,10 +2,8 @@ package rpcrdma
 
 import (
 	"context"
-	"fmt"
 	"io"
 
-	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/verbs"
 )
 
@@ -21,9 +19,13 @@ type connSetup struct {
 	taken chan struct{} // closed once acceptLoop owns the connection
 }
 
-// setupQP posts a new connection's receive buffers before it is
-// accepted, from the connection's share of registered memory; if the
-// slab has no room for them in setupWait, the connection is refused.
+// setupQP posts a new connection's first receive buffers before it is
+// accepted, enough for the one credit a requester has until the first
+// reply (RFC 8166 s3.3.3), from the connection's share of registered
+// memory; if the slab has no room for them in setupWait, the connection
+// is refused. The buffers for the rest of the grant are posted when the
+// first call arrives (growRecv): a connection that sends nothing holds
+// only these.
 func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	src, err := s.admit(qp.RemoteAddr())
 	if err != nil {
@@ -31,7 +33,7 @@ func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupWait)
 	defer cancel()
-	cs := &connSetup{bufs: make([][]byte, 0, s.recvCount()), mem: newConnBudget(s.cfg.ConnMemory / 2),
+	cs := &connSetup{bufs: make([][]byte, 0, recvCount(1)), mem: newConnBudget(s.cfg.ConnMemory / 2),
 		src: src, taken: make(chan struct{})}
 	fail := func(err error) error {
 		for _, b := range cs.bufs {
@@ -56,28 +58,6 @@ func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	// is refused harmlessly.
 	go s.unclaimed(qp, cs)
 	return nil
-}
-
-// repostRecv posts buf again as receive wrid, whose last buffer the
-// queue pair has completed: its scatter list can be reused.
-func (c *serverConn) repostRecv(wrid uint64, buf []byte) error {
-	sge, ok := c.s.pool.Locate(buf)
-	if !ok {
-		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
-	}
-	if c.recvSGL == nil {
-		c.recvSGL = make([][1]verbs.SGE, len(c.recvBufs))
-	}
-	c.recvSGL[wrid][0] = sge
-	return c.qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: c.recvSGL[wrid][:]})
-}
-
-func (s *Responder) postRecv(qp verbs.QueuePair, wrid uint64, buf []byte) error {
-	sge, ok := s.pool.Locate(buf)
-	if !ok {
-		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
-	}
-	return qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: []verbs.SGE{sge}})
 }
 
 func (s *Responder) acceptLoop() {
@@ -107,6 +87,8 @@ func (s *Responder) acceptLoop() {
 			privSend: min(peer.InlineRecv, s.cfg.InlineSend), peerInv: peer.RemoteInvalidate,
 			recvSize: s.cfg.InlineRecv, peerChars: DefaultChars, handler: s.cfg.Handler,
 			bcSlots: make(chan struct{}, backwardSlots), bcPending: make(map[uint32]chan []byte)}
+		c.posted.Store(int32(len(cs.bufs)))
+		c.recvSGL = make([][1]verbs.SGE, len(cs.bufs), recvCount(s.cfg.Credits))
 		c.ctx, c.cancel = context.WithCancel(context.Background())
 		s.mu.Lock()
 		s.conns[c] = struct{}{}

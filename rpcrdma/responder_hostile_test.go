@@ -2,6 +2,7 @@ package rpcrdma
 
 import (
 	"context"
+	"encoding/binary"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -41,12 +42,13 @@ func (c *stallConn) Read(p []byte) (int, error) {
 
 // rawRequester is a requester that follows no rule but the test's.
 type rawRequester struct {
-	t    *testing.T
-	qp   verbs.QueuePair
-	pd   *verbs.ProtectionDomain
-	conn *stallConn
-	mu   sync.Mutex
-	wr   uint64
+	t       *testing.T
+	qp      verbs.QueuePair
+	pd      *verbs.ProtectionDomain
+	conn    *stallConn
+	recvMem []byte // its receive buffers, 4096 bytes each, by WRID
+	mu      sync.Mutex
+	wr      uint64
 }
 
 // dialRaw connects a raw requester to the responder at addr, with
@@ -64,6 +66,7 @@ func dialRaw(t *testing.T, ctx context.Context, addr string, nrecv int) *rawRequ
 		return r.conn, nil
 	}}
 	mem := make([]byte, nrecv*4096)
+	r.recvMem = mem
 	mr, err := r.pd.RegisterMemory(mem, verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +104,25 @@ func (r *rawRequester) send(msg []byte) {
 	if err := r.qp.PostSend(verbs.SendWR{WRID: r.wr, Opcode: verbs.OpSend, SGL: []verbs.SGE{{MR: mr, Length: uint32(len(b))}}}); err != nil {
 		r.t.Fatal(err)
 	}
+}
+
+// firstCall sends one echo call and waits for its reply, as a requester
+// does before it has a grant beyond one credit (RFC 8166 s3.3.3); it
+// returns the grant the reply carries.
+func (r *rawRequester) firstCall(ctx context.Context) uint32 {
+	r.t.Helper()
+	var args xdr.Encoder
+	args.Opaque([]byte("first"))
+	r.send(callMsg(999, args.Bytes(), nil))
+	var wc [1]verbs.Completion
+	n, err := r.qp.RecvCQ().Poll(ctx, wc[:])
+	if err != nil || n != 1 || wc[0].Status != verbs.StatusSuccess {
+		r.t.Fatalf("the first call's reply: %d completions, %v", n, err)
+	}
+	if wc[0].ByteLen < 12 {
+		r.t.Fatalf("the first call's reply has %d bytes", wc[0].ByteLen)
+	}
+	return binary.BigEndian.Uint32(r.recvMem[int(wc[0].WRID)*4096+8:])
 }
 
 // closed reports whether the connection has broken.
@@ -196,6 +218,9 @@ func stallReads(t *testing.T, ctx context.Context, addr string, calls, chunk int
 	src, err := r.pd.RegisterMemory(make([]byte, chunk), verbs.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if g := r.firstCall(ctx); g < uint32(calls) {
+		t.Fatalf("the first reply grants %d credits; the test sends %d calls", g, calls)
 	}
 	r.conn.stalled.Store(true)
 	for i := range calls {

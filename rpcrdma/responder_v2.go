@@ -73,7 +73,7 @@ func (c *serverConn) sendOptional(opt uint32, info []byte, xid uint32) {
 		xid = uint32(c.wr.Add(1)) | 0x80000000
 	}
 	var e xdr.Encoder
-	h := Header{XID: xid, Vers: Version2, Credit: uint32(c.s.cfg.Credits), Proc: ProcOptional, OptType: opt, OptInfo: info}
+	h := Header{XID: xid, Vers: Version2, Credit: c.grant(), Proc: ProcOptional, OptType: opt, OptInfo: info}
 	h.Append(&e)
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
@@ -137,7 +137,7 @@ func (c *serverConn) answerReqXch(m ReqXch, xid uint32) RespXch {
 		case int(want.RBSize) > c.s.cfg.MaxRecv || c.growTo != 0:
 			return xchRej
 		}
-		c.growTo, c.oldBufs, c.growXID = int(want.RBSize), c.s.recvCount(), xid
+		c.growTo, c.oldBufs, c.growXID = int(want.RBSize), int(c.posted.Load()), xid
 		return xchPend
 	})
 }
