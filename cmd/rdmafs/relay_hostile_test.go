@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"net"
 	"os"
 	"strings"
@@ -75,6 +76,28 @@ func stallRelay(t *testing.T, ctx context.Context, addr string, calls, chunk int
 	src, err := pd.RegisterMemory(make([]byte, chunk), verbs.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// RFC 8166 s3.3.3: one credit until the first reply, which grants
+	// the rest: a NULL call first, answered, then the stalled ones.
+	var null xdr.Encoder
+	oncrpc.AppendCallHeader(&null, 0x4fff, 100003, 4, 0, oncrpc.AuthNone)
+	first := rpcrdma.Header{XID: 0x4fff, Vers: rpcrdma.Version1, Credit: 8, Proc: rpcrdma.ProcMsg}
+	var fe xdr.Encoder
+	first.Append(&fe)
+	fmsg := append(fe.Bytes(), null.Bytes()...)
+	fmr, err := pd.RegisterMemory(fmsg, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.PostSend(verbs.SendWR{WRID: 1000, Opcode: verbs.OpSend, SGL: []verbs.SGE{{MR: fmr, Length: uint32(len(fmsg))}}}); err != nil {
+		t.Fatal(err)
+	}
+	var wc [1]verbs.Completion
+	if n, err := qp.RecvCQ().Poll(ctx, wc[:]); err != nil || n != 1 || wc[0].Status != verbs.StatusSuccess {
+		t.Fatalf("hostile requester: the first call's reply: %d completions, %v", n, err)
+	}
+	if g := binary.BigEndian.Uint32(recv[int(wc[0].WRID)*4096+8:]); g < uint32(calls) {
+		t.Fatalf("hostile requester: the first reply grants %d credits; it sends %d calls", g, calls)
 	}
 	conn.stalled.Store(true)
 	for i := range calls {
