@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -358,9 +357,32 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 	ctx, cancel := context.WithTimeout(context.Background(), wait+5*time.Second)
 	defer cancel()
 	var retrans atomic.Uint64
-	// dial.Connect probes with an RPC NULL of soft semantics first, so
-	// that an unreachable server fails the mount within timeo x retrans
-	// even for a hard mount.
+	c, t, err := connect(ctx, o, tr, &retrans)
+	if err != nil {
+		return err
+	}
+	m, err := mountFUSE(ctx, o, c, t, tr, debugFUSE)
+	if err != nil {
+		return err
+	}
+	ss, err := startStats(o, m, t, &retrans)
+	if err != nil {
+		// The mount works without stats; say so and go on.
+		fmt.Fprintf(os.Stderr, "rdmafs: stats socket: %v\n", err)
+	}
+	notify(nil)
+	err = serveUntilUnmount(o, m, tr, logw)
+	if ss != nil {
+		ss.Close()
+	}
+	return err
+}
+
+// connect dials the server and sets up the NFS session, counting
+// retransmissions in retrans for the stats. dial.Connect probes with an
+// RPC NULL of soft semantics first, so that an unreachable server fails
+// the mount within timeo x retrans even for a hard mount.
+func connect(ctx context.Context, o *mountOptions, tr *trace.Tracer, retrans *atomic.Uint64) (*nfsclient.Client, oncrpc.Transport, error) {
 	c, t, err := dial.Connect(ctx, dialConfig(o, tr), nfsclient.Config{
 		RPC: oncrpc.ClientOptions{
 			Timeout: o.Timeo, Retrans: o.Retrans, Hard: o.Hard,
@@ -381,11 +403,17 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 		Tracer:      tr,
 	})
 	if errors.Is(err, dial.ErrTransport) {
-		return exitf(exitUsage, err, "%v", err)
+		return nil, nil, exitf(exitUsage, err, "%v", err)
 	}
 	if err != nil {
-		return classifyDial(err, o, wait)
+		return nil, nil, classifyDial(err, o, o.Timeo*time.Duration(o.Retrans+1))
 	}
+	return c, t, nil
+}
+
+// mountFUSE mounts the file system of c on o.Dir; on failure it closes
+// the session and says why, with fusermount3's own reason if it gave one.
+func mountFUSE(ctx context.Context, o *mountOptions, c *nfsclient.Client, t oncrpc.Transport, tr *trace.Tracer, debugFUSE bool) (*fuse.Mount, error) {
 	fsName := o.Server + ":" + o.Export
 	if strings.Contains(o.Server, ":") {
 		fsName = "[" + o.Server + "]:" + o.Export
@@ -412,92 +440,20 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 		})
 		return err
 	})
-	if err != nil {
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c.Close(sctx)
-		scancel()
-		if errors.Is(err, syscall.EBUSY) {
-			return exitf(exitMountpoint, err, "mountpoint %s is busy", o.Dir)
-		}
-		if fmMsg != "" {
-			// fusermount3's own reason, then go-fuse's "exited with code".
-			return exitf(exitFUSE, err, "FUSE mount on %s failed: %s (%s)", o.Dir, fmMsg, strings.TrimSpace(err.Error()))
-		}
-		return exitf(exitFUSE, err, "FUSE mount on %s failed: %s", o.Dir, strings.TrimSpace(err.Error()))
+	if err == nil {
+		return m, nil
 	}
-	ss, err := startStats(o, m, t, &retrans)
-	if err != nil {
-		// The mount works without stats; say so and go on.
-		fmt.Fprintf(os.Stderr, "rdmafs: stats socket: %v\n", err)
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c.Close(sctx)
+	scancel()
+	if errors.Is(err, syscall.EBUSY) {
+		return nil, exitf(exitMountpoint, err, "mountpoint %s is busy", o.Dir)
 	}
-	notify(nil)
-
-	// While mounted, SIGINT and SIGTERM unmount, as umount does (it
-	// fails while files are busy). Once unmounted, buffered writes go to
-	// the server and the open state is closed, for at most
-	// shutdownTimeout: a hard mount would retry for ever against a server
-	// that is gone, so a signal then stops waiting for it. So does a
-	// signal while the unmount is under way: the unmount waits for the
-	// FUSE requests being served, which may wait for the server.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	sctx, scancel := context.WithCancel(context.Background())
-	defer scancel()
-	var unmounted atomic.Bool
-	go func() {
-		unmountDone := make(chan error, 1)
-		unmounting := false
-		for {
-			var sig os.Signal
-			select {
-			case <-sctx.Done():
-				return
-			case err := <-unmountDone:
-				if err != nil {
-					fmt.Fprintf(logw, "rdmafs: unmount %s: %v\n", o.Dir, err)
-				}
-				unmounting = false
-				continue
-			case sig = <-sigs:
-			}
-			if !unmounted.Load() && !unmounting {
-				unmounting = true
-				go func() { unmountDone <- m.Unmount() }()
-				continue
-			}
-			fmt.Fprintf(logw, "rdmafs: %v while closing files: not waiting for the server any longer\n", sig)
-			scancel()
-			m.Abandon()
-			return
-		}
-	}()
-	m.Wait()
-	unmounted.Store(true)
-	if tr.On(trace.FUSE) {
-		tr.Printf(trace.FUSE, "%s unmounted: closing open files and the NFS session", o.Dir)
+	if fmMsg != "" {
+		// fusermount3's own reason, then go-fuse's "exited with code".
+		return nil, exitf(exitFUSE, err, "FUSE mount on %s failed: %s (%s)", o.Dir, fmMsg, strings.TrimSpace(err.Error()))
 	}
-	tctx, tcancel := context.WithTimeout(sctx, shutdownTimeout)
-	defer tcancel()
-	start := time.Now()
-	err = m.Shutdown(tctx)
-	if tr.On(trace.FUSE) {
-		tr.Printf(trace.FUSE, "shutdown done in %v: %v", time.Since(start).Round(time.Microsecond), err)
-	}
-	if ss != nil {
-		ss.Close()
-	}
-	if err != nil && tctx.Err() != nil {
-		why := "after " + shutdownTimeout.String()
-		if sctx.Err() != nil {
-			why = "on a signal"
-		}
-		return exitf(exitFailure, err, "unmount of %s: gave up on the server %s: data still buffered for open files was not written: %s", o.Dir, why, strings.ReplaceAll(err.Error(), "\n", "; "))
-	}
-	if err != nil {
-		return exitf(exitFailure, err, "unmount of %s: %v", o.Dir, err)
-	}
-	return nil
+	return nil, exitf(exitFUSE, err, "FUSE mount on %s failed: %s", o.Dir, strings.TrimSpace(err.Error()))
 }
 
 // minorVersion is the NFSv4 minor version of vers= for nfsclient.Config:
