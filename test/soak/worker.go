@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/gob"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -18,14 +17,6 @@ import (
 
 	"golang.org/x/sys/unix"
 )
-
-// handoff passes a file and its model to the next worker.
-type handoff struct {
-	Name  string // base name, the same in every directory
-	Model []byte
-	From  int   // worker that closed it
-	Op    int64 // its operation index
-}
 
 // file is one file a worker owns.
 type file struct {
@@ -89,6 +80,42 @@ type worker struct {
 func runWorker(cfg Config, index int, in, out *os.File) (Result, error) {
 	cfg.defaults()
 	dir := cfg.Dirs[index%len(cfg.Dirs)]
+	w := newWorker(cfg, index, out)
+	if cfg.OpLog != "" {
+		lf, err := os.Create(fmt.Sprintf("%s.w%d", cfg.OpLog, index))
+		if err != nil {
+			return w.res, err
+		}
+		defer lf.Close()
+		bw := newLineBuffer(lf)
+		defer bw.flush()
+		w.oplog = bw
+	}
+	// Mismatched mmap accesses past the server's end of file raise
+	// SIGBUS; with this they are panics the check recovers from.
+	debug.SetPanicOnFault(true)
+	go w.receive(in)
+	stopWatch := w.watch()
+	defer stopWatch()
+	if err := w.createFiles(dir); err != nil {
+		return w.res, err
+	}
+	w.run(dir)
+	// No more handoffs from us; take in what the others still send.
+	if err := out.Close(); err != nil {
+		return w.res, err
+	}
+	w.takeIncoming(dir, true)
+	if err := <-w.inErr; err != nil {
+		return w.res, fmt.Errorf("handoff pipe: %w", err)
+	}
+	w.finish()
+	return w.res, nil
+}
+
+// newWorker makes worker index, its random streams seeded from cfg.Seed
+// and the index, handing files on through out.
+func newWorker(cfg Config, index int, out *os.File) *worker {
 	w := &worker{
 		cfg:      cfg,
 		index:    index,
@@ -104,54 +131,28 @@ func runWorker(cfg Config, index int, in, out *os.File) (Result, error) {
 	binary.LittleEndian.PutUint64(seed[:], cfg.Seed)
 	binary.LittleEndian.PutUint64(seed[8:], uint64(index))
 	w.data = rand.NewChaCha8(seed)
-	if cfg.OpLog != "" {
-		lf, err := os.Create(fmt.Sprintf("%s.w%d", cfg.OpLog, index))
-		if err != nil {
-			return w.res, err
-		}
-		defer lf.Close()
-		bw := newLineBuffer(lf)
-		defer bw.flush()
-		w.oplog = bw
-	}
-	// Mismatched mmap accesses past the server's end of file raise
-	// SIGBUS; with this they are panics the check recovers from.
-	debug.SetPanicOnFault(true)
+	return w
+}
 
-	go func() {
-		dec := gob.NewDecoder(in)
-		for {
-			var h handoff
-			if err := dec.Decode(&h); err != nil {
-				if errors.Is(err, io.EOF) {
-					err = nil
-				}
-				close(w.incoming)
-				w.inErr <- err
-				return
-			}
-			w.incoming <- h
-		}
-	}()
-
-	stopWatch := w.watch()
-	defer stopWatch()
-
-	for j := range cfg.Files {
-		name := fmt.Sprintf("soak-%d-w%d-f%d", cfg.Seed, index, j)
+// createFiles creates the worker's own files in dir, empty.
+func (w *worker) createFiles(dir string) error {
+	for j := range w.cfg.Files {
+		name := fmt.Sprintf("soak-%d-w%d-f%d", w.cfg.Seed, w.index, j)
 		f := &file{name: name, path: filepath.Join(dir, name)}
 		fd, err := os.OpenFile(f.path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 		if err != nil {
-			return w.res, err
+			return err
 		}
 		f.f = fd
 		w.files = append(w.files, f)
 	}
+	return nil
+}
 
-	total := 0
-	for _, k := range kinds {
-		total += k.weight
-	}
+// run does random operations on the worker's files until the deadline
+// or cfg.Ops, taking in the files handed to it as it goes.
+func (w *worker) run(dir string) {
+	cfg := w.cfg
 	deadline := time.Now().Add(cfg.Duration)
 	nextProgress := time.Now().Add(cfg.Progress)
 	for time.Now().Before(deadline) && (cfg.Ops <= 0 || w.res.Ops < cfg.Ops) {
@@ -164,40 +165,43 @@ func runWorker(cfg Config, index int, in, out *os.File) (Result, error) {
 			// Everything was handed on; wait for a file to come back.
 			h, ok := <-w.incoming
 			if !ok {
-				break
+				return
 			}
 			w.adopt(dir, h)
 			continue
 		}
 		f := w.files[w.rng.IntN(len(w.files))]
-		pick := w.rng.IntN(total)
-		var k kind
-		for _, k = range kinds {
-			if pick < k.weight {
-				break
+		switch k := w.pick(); {
+		case k.name == "handoff":
+			if cfg.Procs >= 2 && len(w.files) >= 2 {
+				w.handOff(f)
 			}
-			pick -= k.weight
+		case cfg.NoMmap && (k.name == "mapread" || k.name == "mapwrite"):
+		default:
+			w.do(k, f)
 		}
-		if k.name == "handoff" {
-			if cfg.Procs < 2 || len(w.files) < 2 {
-				continue
-			}
-			w.handOff(f)
-			continue
+	}
+}
+
+// pick draws an operation kind by the weights of kinds.
+func (w *worker) pick() kind {
+	total := 0
+	for _, k := range kinds {
+		total += k.weight
+	}
+	n := w.rng.IntN(total)
+	for _, k := range kinds {
+		if n < k.weight {
+			return k
 		}
-		if cfg.NoMmap && (k.name == "mapread" || k.name == "mapwrite") {
-			continue
-		}
-		w.do(k, f)
+		n -= k.weight
 	}
-	// No more handoffs from us; take in what the others still send.
-	if err := out.Close(); err != nil {
-		return w.res, err
-	}
-	w.takeIncoming(dir, true)
-	if err := <-w.inErr; err != nil {
-		return w.res, fmt.Errorf("handoff pipe: %w", err)
-	}
+	return kinds[len(kinds)-1]
+}
+
+// finish checks every file the worker holds at the end, closes them,
+// and removes them unless a mismatch was found.
+func (w *worker) finish() {
 	for _, f := range w.files {
 		w.do(kind{"final-verify", 0, (*worker).finalVerify}, f)
 	}
@@ -210,7 +214,6 @@ func runWorker(cfg Config, index int, in, out *os.File) (Result, error) {
 		}
 	}
 	w.logf("done: %s", w.res)
-	return w.res, nil
 }
 
 // do runs one operation on f, timing it; an error resyncs f.
@@ -589,74 +592,6 @@ func (w *worker) finalVerify(f *file) error {
 	}
 	w.desc = fmt.Sprintf("final-verify %s size=%d", f.name, len(f.model))
 	return w.verifyContents(f)
-}
-
-// handOff closes f and passes it to the next worker.
-func (w *worker) handOff(f *file) {
-	errs := w.res.Errors
-	w.do(kind{"handoff", 0, func(w *worker, f *file) error {
-		w.desc = fmt.Sprintf("handoff %s size=%d to=w%d", f.name, len(f.model), (w.index+1)%w.cfg.Procs)
-		if w.rng.IntN(2) == 0 {
-			if err := f.f.Sync(); err != nil {
-				return fmt.Errorf("fsync: %w", err)
-			}
-		}
-		err := f.f.Close()
-		f.f = nil
-		if err != nil {
-			return fmt.Errorf("close: %w", err)
-		}
-		return nil
-	}}, f)
-	if w.res.Errors != errs {
-		return // the close failed: keep the file
-	}
-	for i, g := range w.files {
-		if g == f {
-			w.files = append(w.files[:i], w.files[i+1:]...)
-			break
-		}
-	}
-	if err := w.enc.Encode(handoff{Name: f.name, Model: f.model, From: w.index, Op: w.op}); err != nil {
-		w.logf("handoff of %s: %v", f.name, err)
-		w.res.Errors++
-		return
-	}
-	w.res.Handoffs++
-}
-
-// takeIncoming adopts the files handed to this worker; with all, until the
-// sender is done.
-func (w *worker) takeIncoming(dir string, all bool) {
-	for {
-		if all {
-			h, ok := <-w.incoming
-			if !ok {
-				return
-			}
-			w.adopt(dir, h)
-			continue
-		}
-		select {
-		case h, ok := <-w.incoming:
-			if !ok {
-				return
-			}
-			w.adopt(dir, h)
-		default:
-			return
-		}
-	}
-}
-
-// adopt opens a file handed over by another worker and checks all of it.
-func (w *worker) adopt(dir string, h handoff) {
-	f := &file{name: h.Name, path: filepath.Join(dir, h.Name), model: h.Model}
-	w.files = append(w.files, f)
-	w.do(kind{"adopt", 0, func(w *worker, f *file) error {
-		w.desc = fmt.Sprintf("adopt %s size=%d from=w%d op=#%d", f.name, len(f.model), h.From, h.Op)
-		return w.verifyContents(f)
-	}}, f)
 }
 
 // lineBuffer is a buffered writer flushed by flush; the op log can be big.
