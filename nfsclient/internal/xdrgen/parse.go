@@ -186,6 +186,7 @@ func parse(src string) (*spec, error) {
 	s := &spec{types: map[string]*typeDef{}, externs: map[string]string{}, extMin: map[string]int{}, gotypes: map[string]string{}, roots: map[string]int{}}
 	for l.peek() != "" {
 		doc := l.doc[l.pos]
+		var t *typeDef
 		switch kw := l.next(); kw {
 		case "const":
 			name := l.next()
@@ -196,95 +197,26 @@ func parse(src string) (*spec, error) {
 			if err := l.expect(";"); err != nil {
 				return nil, err
 			}
+			continue
 		case "enum":
-			t := &typeDef{name: l.next(), kind: "enum", doc: doc}
-			if err := l.expect("{"); err != nil {
-				return nil, err
-			}
-			for l.peek() != "}" {
-				n := l.next()
-				if err := l.expect("="); err != nil {
-					return nil, err
-				}
-				t.enums = append(t.enums, [2]string{n, l.next()})
-				if l.peek() == "," {
-					l.next()
-				}
-			}
-			l.next()
-			if err := s.addType(t, l); err != nil {
-				return nil, err
-			}
+			t, err = parseEnum(l)
 		case "typedef":
-			d, err := parseDecl(l)
-			if err != nil {
-				return nil, err
-			}
-			if err := s.addType(&typeDef{name: d.name, kind: "typedef", alias: d, doc: doc}, l); err != nil {
-				return nil, err
-			}
+			var d decl
+			d, err = parseDecl(l)
+			t = &typeDef{name: d.name, kind: "typedef", alias: d}
 		case "struct":
-			t := &typeDef{name: l.next(), kind: "struct", doc: doc}
-			if err := l.expect("{"); err != nil {
-				return nil, err
-			}
-			for l.peek() != "}" {
-				d, err := parseDecl(l)
-				if err != nil {
-					return nil, err
-				}
-				if err := l.expect(";"); err != nil {
-					return nil, err
-				}
-				t.fields = append(t.fields, d)
-			}
-			l.next()
-			if err := s.addType(t, l); err != nil {
-				return nil, err
-			}
+			t, err = parseStruct(l)
 		case "union":
-			t := &typeDef{name: l.next(), kind: "union", doc: doc}
-			for _, w := range []string{"switch", "("} {
-				if err := l.expect(w); err != nil {
-					return nil, err
-				}
-			}
-			d, err := parseDecl(l)
-			if err != nil {
-				return nil, err
-			}
-			t.disc = d
-			for _, w := range []string{")", "{"} {
-				if err := l.expect(w); err != nil {
-					return nil, err
-				}
-			}
-			for l.peek() != "}" {
-				var arm unionArm
-				for l.peek() == "case" || l.peek() == "default" {
-					if l.next() == "case" {
-						arm.cases = append(arm.cases, l.next())
-					} else {
-						arm.cases = nil
-					}
-					if err := l.expect(":"); err != nil {
-						return nil, err
-					}
-				}
-				if arm.d, err = parseDecl(l); err != nil {
-					return nil, err
-				}
-				if err := l.expect(";"); err != nil {
-					return nil, err
-				}
-				t.arms = append(t.arms, arm)
-			}
-			l.next()
-			if err := s.addType(t, l); err != nil {
-				return nil, err
-			}
+			t, err = parseUnion(l)
 		default:
 			return nil, fmt.Errorf("token %d: unexpected %q", l.pos, kw)
+		}
+		if err != nil {
+			return nil, err
+		}
+		t.doc = doc
+		if err := s.addType(t, l); err != nil {
+			return nil, err
 		}
 	}
 	for _, dir := range directives {
@@ -293,6 +225,89 @@ func parse(src string) (*spec, error) {
 		}
 	}
 	return s, nil
+}
+
+// parseEnum parses an enum's name and body, after "enum".
+func parseEnum(l *lexer) (*typeDef, error) {
+	t := &typeDef{name: l.next(), kind: "enum"}
+	if err := l.expect("{"); err != nil {
+		return nil, err
+	}
+	for l.peek() != "}" {
+		n := l.next()
+		if err := l.expect("="); err != nil {
+			return nil, err
+		}
+		t.enums = append(t.enums, [2]string{n, l.next()})
+		if l.peek() == "," {
+			l.next()
+		}
+	}
+	l.next()
+	return t, nil
+}
+
+// parseStruct parses a struct's name and fields, after "struct".
+func parseStruct(l *lexer) (*typeDef, error) {
+	t := &typeDef{name: l.next(), kind: "struct"}
+	if err := l.expect("{"); err != nil {
+		return nil, err
+	}
+	for l.peek() != "}" {
+		d, err := parseDecl(l)
+		if err != nil {
+			return nil, err
+		}
+		if err := l.expect(";"); err != nil {
+			return nil, err
+		}
+		t.fields = append(t.fields, d)
+	}
+	l.next()
+	return t, nil
+}
+
+// parseUnion parses a discriminated union (RFC 4506 s4.15) after
+// "union": its name, discriminant and arms.
+func parseUnion(l *lexer) (*typeDef, error) {
+	t := &typeDef{name: l.next(), kind: "union"}
+	for _, w := range []string{"switch", "("} {
+		if err := l.expect(w); err != nil {
+			return nil, err
+		}
+	}
+	d, err := parseDecl(l)
+	if err != nil {
+		return nil, err
+	}
+	t.disc = d
+	for _, w := range []string{")", "{"} {
+		if err := l.expect(w); err != nil {
+			return nil, err
+		}
+	}
+	for l.peek() != "}" {
+		var arm unionArm
+		for l.peek() == "case" || l.peek() == "default" {
+			if l.next() == "case" {
+				arm.cases = append(arm.cases, l.next())
+			} else {
+				arm.cases = nil
+			}
+			if err := l.expect(":"); err != nil {
+				return nil, err
+			}
+		}
+		if arm.d, err = parseDecl(l); err != nil {
+			return nil, err
+		}
+		if err := l.expect(";"); err != nil {
+			return nil, err
+		}
+		t.arms = append(t.arms, arm)
+	}
+	l.next()
+	return t, nil
 }
 
 func (s *spec) addType(t *typeDef, l *lexer) error {
