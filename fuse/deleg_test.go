@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/fuse"
+	"github.com/rdmafs/rdmafs/test/fusetest"
 	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
@@ -35,20 +36,8 @@ func TestKnfsdDelegationTwoMounts(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := mountA.FS.Client()
-			// knfsd grants a read delegation once it has probed the
-			// callback path: open for reading until one comes.
-			var fa *os.File
-			for i := 0; i < 100 && c.DelegationStats().Held == 0; i++ {
-				if fa != nil {
-					fa.Close()
-				}
-				var err error
-				if fa, err = os.Open(pathA); err != nil {
-					t.Fatal(err)
-				}
-				time.Sleep(50 * time.Millisecond) // polling interval, not synchronisation
-			}
-			if c.DelegationStats().Held == 0 {
+			fa, ok := fusetest.OpenDelegated(t, c, pathA, 10*time.Second)
+			if !ok {
 				t.Fatal("knfsd granted no read delegation")
 			}
 			defer fa.Close()

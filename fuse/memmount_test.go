@@ -12,6 +12,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/fuse"
 	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/test/fusetest"
 )
 
 // The tests here mount a memClient: what the mount sends is counted
@@ -33,7 +34,7 @@ func mountMem(t *testing.T, opts fuse.Options) (string, *memClient) {
 	if err != nil {
 		t.Fatalf("mount: %v", err)
 	}
-	unmountAtCleanup(t, m, dir)
+	fusetest.UnmountAtCleanup(t, m, dir)
 	return dir, c
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/test/fusetest"
 	"github.com/rdmafs/rdmafs/test/testpeer"
 	"github.com/rdmafs/rdmafs/test/testpeer/v2relay"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
@@ -34,20 +35,18 @@ type peer struct {
 	minor              int  // NFSv4 minor version; 0: the client's default (4.2, or 4.1)
 }
 
-// forEachPeer runs f on every server: over TCP (tcpPeers), then over
-// RPC-over-RDMA.
+// forEachPeer runs f on every server of the matrix (test/testpeer): over
+// TCP (tcpPeers), then over RPC-over-RDMA: knfsd's RDMA listener
+// (negotiation falls back to version 1), and version 2 through our
+// responder relaying to ganesha.
 func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
-	tcpPeers(t, f)
-	// The same over RPC-over-RDMA: knfsd's RDMA listener (negotiation
-	// falls back to version 1), and version 2 through our responder
-	// relaying to ganesha.
-	t.Run("knfsd-rdma", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		f(t, peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", rdma: true, limitsOf: "knfsd"})
-	})
-	t.Run("ganesha-rdma-v2", func(t *testing.T) {
-		g := testpeer.RequireGanesha(t)
-		f(t, peer{name: "ganesha-rdma-v2", addr: v2relay.Require(t), export: g.Export, rdma: true, v2: true, limitsOf: "ganesha"})
+	eachWay(t, []testpeer.Way{testpeer.KnfsdTCP, testpeer.GaneshaTCP, testpeer.KnfsdRDMA, testpeer.GaneshaRDMAv2(v2relay.Require)}, f)
+}
+
+// eachWay runs f on the servers of ways.
+func eachWay(t *testing.T, ways []testpeer.Way, f func(t *testing.T, p peer)) {
+	testpeer.Each(t, ways, func(t *testing.T, s testpeer.Server) {
+		f(t, peer{name: s.Name, addr: s.Addr, export: s.Export, rdma: s.RDMA, v2: s.V2, limitsOf: s.Kind})
 	})
 }
 
@@ -94,7 +93,7 @@ func mountPeer(t *testing.T, p peer, opts fuse.Options) (string, *fuse.Mount) {
 		c.Close(ctx)
 		t.Fatalf("%s: mount: %v", p.name, err)
 	}
-	unmountAtCleanup(t, m, dir)
+	fusetest.UnmountAtCleanup(t, m, dir)
 	return dir, m
 }
 
@@ -471,22 +470,4 @@ func TestPosixCaseChild(t *testing.T) {
 		t.Skip("runs only as runPosixCase's child")
 	}
 	posixtest.All[name](t, dir)
-}
-
-// unmountAtCleanup unmounts m (at dir), waits for it to be served no
-// more and shuts its session down when the test ends; a failed unmount
-// is an error, and a lazy one then leaves no mount behind.
-func unmountAtCleanup(t *testing.T, m *fuse.Mount, dir string) {
-	t.Cleanup(func() {
-		if err := m.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-			exec.Command("fusermount3", "-u", "-z", dir).Run()
-		}
-		m.Wait()
-		sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
-		defer scancel()
-		if err := m.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
 }

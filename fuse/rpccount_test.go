@@ -60,14 +60,7 @@ func waitOps(t *testing.T, m *fuse.Mount, before opCounts, op string, n uint64) 
 // tcpPeers are the servers over TCP: counting COMPOUNDs does not depend
 // on the transport.
 func tcpPeers(t *testing.T, f func(t *testing.T, p peer)) {
-	t.Run("knfsd", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", limitsOf: "knfsd"})
-	})
-	t.Run("ganesha", func(t *testing.T) {
-		g := testpeer.RequireGanesha(t)
-		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export, limitsOf: "ganesha"})
-	})
+	eachWay(t, []testpeer.Way{testpeer.KnfsdTCP, testpeer.GaneshaTCP}, f)
 }
 
 // TestSmallFileRPCs counts the COMPOUNDs of the small-file and metadata

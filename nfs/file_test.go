@@ -271,7 +271,7 @@ func equalStrings(a, b []string) bool {
 // surfaces as fs.ErrPermission.
 func TestPermission(t *testing.T) {
 	for _, p := range peers {
-		t.Run(p.name, func(t *testing.T) {
+		t.Run(p.label(), func(t *testing.T) {
 			root := dialPeer(t, p, p.opts)
 			ctx := testCtx(t)
 			dir := sanitize("nfstest-perm-" + time.Now().Format("150405.000000000"))

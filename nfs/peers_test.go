@@ -11,38 +11,44 @@ import (
 	"github.com/rdmafs/rdmafs/test/testpeer"
 )
 
-// peer is a server export to run a test against, and how to dial it.
+// peer is a server of test/testpeer's matrix to run a test against, and
+// the options to dial it with.
 type peer struct {
-	name   string
-	target func(t *testing.T) string // "host:port:/export"
-	opts   nfs.Options
+	name string // the subtest's name; the way's if empty
+	way  testpeer.Way
+	opts nfs.Options
 }
 
 // peers are the servers every file-system test runs against: ganesha
 // over TCP (also with nconnect), knfsd over TCP, and knfsd over
 // RPC-over-RDMA on its soft-iWARP listener with the pure-Go provider.
 var peers = []peer{
-	{name: "ganesha", target: func(t *testing.T) string {
-		g := testpeer.RequireGanesha(t)
-		return g.Addr + ":" + g.Export
-	}},
-	{name: "ganesha-nconnect", opts: nfs.Options{NConnect: 3}, target: func(t *testing.T) string {
-		g := testpeer.RequireGanesha(t)
-		return g.Addr + ":" + g.Export
-	}},
-	{name: "knfsd", target: func(t *testing.T) string {
-		return testpeer.RequireKnfsd(t).TCPAddr + ":/"
-	}},
-	{name: "knfsd-rdma", opts: nfs.Options{Transport: "rdma", RDMADevice: "iwarp-go"}, target: func(t *testing.T) string {
-		return testpeer.RequireKnfsd(t).RDMAAddr + ":/"
-	}},
+	{way: testpeer.GaneshaTCP},
+	{name: "ganesha-nconnect", way: testpeer.GaneshaTCP, opts: nfs.Options{NConnect: 3}},
+	{way: testpeer.KnfsdTCP},
+	{way: testpeer.KnfsdRDMA, opts: nfs.Options{Transport: "rdma", RDMADevice: "iwarp-go"}},
+}
+
+// label returns the subtest's name.
+func (p peer) label() string {
+	if p.name != "" {
+		return p.name
+	}
+	return p.way.Name
+}
+
+// target returns the "host:port:/export" to dial, starting the server
+// if needed.
+func (p peer) target(t *testing.T) string {
+	s := p.way.Server(t)
+	return s.Addr + ":" + s.Export
 }
 
 // forEachPeer runs f against each peer with a connected client and a
 // fresh directory of the test's own in the export, removed afterwards.
 func forEachPeer(t *testing.T, f func(t *testing.T, c *nfs.Client, dir string)) {
 	for _, p := range peers {
-		t.Run(p.name, func(t *testing.T) {
+		t.Run(p.label(), func(t *testing.T) {
 			c := dialPeer(t, p, p.opts)
 			dir := fmt.Sprintf("nfstest-%s-%d-%d", t.Name(), os.Getpid(), time.Now().UnixNano())
 			dir = sanitize(dir)

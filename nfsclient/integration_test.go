@@ -44,33 +44,13 @@ type peer struct {
 	offers map[string]bool
 }
 
-// Optional operations each server offers here: knfsd (Linux 6.1, ext4
-// with user_xattr) does COPY and the xattr operations of RFC 8276;
-// nfs-ganesha 4.3's VFS FSAL does neither. Neither file system has
-// reflinks, so no peer offers CLONE.
-var (
-	knfsdOffers   = map[string]bool{"ALLOCATE": true, "DEALLOCATE": true, "COPY": true, "SETXATTR": true, "READ_PLUS": true}
-	ganeshaOffers = map[string]bool{"ALLOCATE": true, "DEALLOCATE": true}
-)
-
-// forEachPeer runs f against knfsd (kpeer) over TCP and over RPC-over-RDMA,
-// and nfs-ganesha over TCP, as subtests named after the server.
+// forEachPeer runs f against the matrix (test/testpeer): knfsd (kpeer)
+// over TCP and over RPC-over-RDMA, nfs-ganesha over TCP and over
+// RPC-over-RDMA version 2 through a relay, as subtests named after each.
 func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
-	t.Run("knfsd", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		f(t, peer{name: "knfsd", addr: k.TCPAddr, export: "/", knfsd: k, offers: knfsdOffers})
-	})
-	t.Run("knfsd-rdma", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		f(t, peer{name: "knfsd-rdma", addr: k.RDMAAddr, export: "/", knfsd: k, rdma: true, offers: knfsdOffers})
-	})
-	t.Run("ganesha", func(t *testing.T) {
-		g := testpeer.RequireGanesha(t)
-		f(t, peer{name: "ganesha", addr: g.Addr, export: g.Export, offers: ganeshaOffers})
-	})
-	t.Run("ganesha-rdma-v2", func(t *testing.T) {
-		addr := requireV2Relay(t)
-		f(t, peer{name: "ganesha-rdma-v2", addr: addr, export: testpeer.RequireGanesha(t).Export, rdma: true, v2: true, offers: ganeshaOffers})
+	ways := []testpeer.Way{testpeer.KnfsdTCP, testpeer.KnfsdRDMA, testpeer.GaneshaTCP, testpeer.GaneshaRDMAv2(requireV2Relay)}
+	testpeer.Each(t, ways, func(t *testing.T, s testpeer.Server) {
+		f(t, peer{name: s.Name, addr: s.Addr, export: s.Export, knfsd: s.Knfsd, rdma: s.RDMA, v2: s.V2, offers: s.Offers})
 	})
 }
 
@@ -83,7 +63,7 @@ var v2Relay struct {
 	err  error
 }
 
-func requireV2Relay(t *testing.T) string {
+func requireV2Relay(t testing.TB) string {
 	g := testpeer.RequireGanesha(t)
 	v2Relay.once.Do(func() {
 		tcp := oncrpc.NewTCPTransport(g.Addr, oncrpc.TCPOptions{})

@@ -46,37 +46,42 @@ type peer struct {
 
 func (p peer) source() string { return p.host + ":" + p.export }
 
-// forEachPeer runs f against knfsd (in qemu) and nfs-ganesha, as
-// subtests named after the server.
+// forEachPeer runs f against knfsd (in qemu) and nfs-ganesha over TCP,
+// as subtests named after the server (test/testpeer's matrix); knfsd's
+// peer can be restarted (the shared ganesha runs graceless).
 func forEachPeer(t *testing.T, f func(t *testing.T, p peer)) {
-	t.Run("knfsd", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		host, port := splitAddr(t, k.TCPAddr)
-		f(t, peer{name: "knfsd", host: host, port: port, export: "/", knfsd: k, restart: k.Restart})
-	})
-	t.Run("ganesha", func(t *testing.T) {
-		g := testpeer.RequireGanesha(t)
-		host, port := splitAddr(t, g.Addr)
-		f(t, peer{name: "ganesha", host: host, port: port, export: g.Export})
-	})
+	eachWay(t, []testpeer.Way{testpeer.KnfsdTCP, testpeer.GaneshaTCP}, f)
 }
 
 // forEachKnfsd runs f against knfsd only, over TCP and, with rdma, over
 // RPC-over-RDMA too: for tests that look at the server's state in its
 // guest or fill its small export.
 func forEachKnfsd(t *testing.T, rdma bool, f func(t *testing.T, p peer)) {
-	t.Run("knfsd", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		host, port := splitAddr(t, k.TCPAddr)
-		f(t, peer{name: "knfsd", host: host, port: port, export: "/", knfsd: k})
-	})
+	ways := []testpeer.Way{testpeer.KnfsdTCP}
 	if rdma {
-		t.Run("knfsd-rdma", func(t *testing.T) {
-			k := testpeer.RequireKnfsd(t)
-			host, port := splitAddr(t, k.RDMAAddr)
-			f(t, peer{name: "knfsd-rdma", host: host, port: port, export: "/", knfsd: k, opts: []string{"proto=rdma"}})
-		})
+		ways = append(ways, testpeer.KnfsdRDMA)
 	}
+	eachWay(t, ways, f)
+}
+
+// eachWay runs f on the servers of ways, mounted over RPC-over-RDMA (at
+// version 2 where the way insists) for those reached so. knfsd can be
+// restarted; the shared ganesha cannot.
+func eachWay(t *testing.T, ways []testpeer.Way, f func(t *testing.T, p peer)) {
+	testpeer.Each(t, ways, func(t *testing.T, s testpeer.Server) {
+		host, port := splitAddr(t, s.Addr)
+		p := peer{name: s.Name, host: host, port: port, export: s.Export, knfsd: s.Knfsd}
+		if s.Knfsd != nil {
+			p.restart = s.Knfsd.Restart
+		}
+		if s.RDMA {
+			p.opts = []string{"proto=rdma"}
+		}
+		if s.V2 {
+			p.opts = append(p.opts, "rdmavers=2")
+		}
+		f(t, p)
+	})
 }
 
 // forEachTransport runs f like forEachPeer, and also over RPC-over-RDMA:
@@ -91,16 +96,7 @@ func forEachTransport(t *testing.T, f func(t *testing.T, p peer)) {
 // forEachRDMAPeer runs f over RPC-over-RDMA only: knfsd's RDMA listener
 // and the version-2 relay to ganesha.
 func forEachRDMAPeer(t *testing.T, f func(t *testing.T, p peer)) {
-	t.Run("knfsd-rdma", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		host, port := splitAddr(t, k.RDMAAddr)
-		f(t, peer{name: "knfsd-rdma", host: host, port: port, export: "/", knfsd: k, opts: []string{"proto=rdma"}, restart: k.Restart})
-	})
-	t.Run("ganesha-rdma-v2", func(t *testing.T) {
-		g := testpeer.RequireGanesha(t)
-		host, port := splitAddr(t, v2relay.Require(t))
-		f(t, peer{name: "ganesha-rdma-v2", host: host, port: port, export: g.Export, opts: []string{"proto=rdma", "rdmavers=2"}})
-	})
+	eachWay(t, []testpeer.Way{testpeer.KnfsdRDMA, testpeer.GaneshaRDMAv2(v2relay.Require)}, f)
 }
 
 // graceGanesha starts a ganesha of the test's own that keeps a grace

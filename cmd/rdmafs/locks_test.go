@@ -17,21 +17,7 @@ import (
 // forEachLockPeer runs f against knfsd over TCP and over RPC-over-RDMA,
 // and against nfs-ganesha over TCP.
 func forEachLockPeer(t *testing.T, f func(t *testing.T, p peer)) {
-	t.Run("knfsd", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		host, port := splitAddr(t, k.TCPAddr)
-		f(t, peer{name: "knfsd", host: host, port: port, export: "/", knfsd: k})
-	})
-	t.Run("knfsd-rdma", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		host, port := splitAddr(t, k.RDMAAddr)
-		f(t, peer{name: "knfsd-rdma", host: host, port: port, export: "/", knfsd: k, opts: []string{"proto=rdma"}})
-	})
-	t.Run("ganesha", func(t *testing.T) {
-		g := testpeer.RequireGanesha(t)
-		host, port := splitAddr(t, g.Addr)
-		f(t, peer{name: "ganesha", host: host, port: port, export: g.Export})
-	})
+	eachWay(t, []testpeer.Way{testpeer.KnfsdTCP, testpeer.KnfsdRDMA, testpeer.GaneshaTCP}, f)
 }
 
 // retryEINTR repeats a lock call the kernel interrupted: the Go runtime's

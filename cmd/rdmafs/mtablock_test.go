@@ -29,16 +29,7 @@ const mtabProcs, mtabRounds = 8, 300
 // (the LOCK then got NFS4ERR_BAD_STATEID). knfsd runs last.
 func TestMtabLockRace(t *testing.T) {
 	bin := buildC(t, "mtablock")
-	t.Run("ganesha", func(t *testing.T) {
-		g := testpeer.RequireGanesha(t)
-		host, port := splitAddr(t, g.Addr)
-		mtabRace(t, bin, peer{name: "ganesha", host: host, port: port, export: g.Export})
-	})
-	t.Run("knfsd", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		host, port := splitAddr(t, k.TCPAddr)
-		mtabRace(t, bin, peer{name: "knfsd", host: host, port: port, export: "/", knfsd: k})
-	})
+	eachWay(t, []testpeer.Way{testpeer.GaneshaTCP, testpeer.KnfsdTCP}, func(t *testing.T, p peer) { mtabRace(t, bin, p) })
 }
 
 func mtabRace(t *testing.T, bin string, p peer) {

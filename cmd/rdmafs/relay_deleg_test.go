@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
+	"github.com/rdmafs/rdmafs/test/fusetest"
 	"github.com/rdmafs/rdmafs/test/testpeer"
 	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
@@ -43,18 +43,7 @@ func mountDelegating(t *testing.T, addr, export string) (string, *fuse.Mount) {
 		c.Close(ctx)
 		t.Fatalf("mount through the relay: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := m.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-			exec.Command("fusermount3", "-u", "-z", dir).Run()
-		}
-		m.Wait()
-		sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
-		defer scancel()
-		if err := m.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
+	fusetest.UnmountAtCleanup(t, m, dir)
 	return dir, m
 }
 
@@ -79,18 +68,8 @@ func TestRelayDelegationRecall(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := mountA.FS.Client()
-	var fa *os.File
-	for i := 0; i < 200 && c.DelegationStats().Held == 0; i++ {
-		if fa != nil {
-			fa.Close()
-		}
-		var err error
-		if fa, err = os.Open(pathA); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval, not synchronisation
-	}
-	if c.DelegationStats().Held == 0 {
+	fa, ok := fusetest.OpenDelegated(t, c, pathA, 20*time.Second)
+	if !ok {
 		t.Fatalf("knfsd granted no read delegation through the relay (its callback probe did not come back?); relay stats:\n%s", r.stats(t))
 	}
 	defer fa.Close()

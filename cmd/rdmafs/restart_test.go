@@ -98,11 +98,7 @@ func TestServerRestartUnderMount(t *testing.T) {
 		}
 		run(t, p)
 	})
-	t.Run("knfsd-rdma", func(t *testing.T) {
-		k := testpeer.RequireKnfsd(t)
-		host, port := splitAddr(t, k.RDMAAddr)
-		run(t, peer{name: "knfsd-rdma", host: host, port: port, export: "/", knfsd: k, opts: []string{"proto=rdma"}, restart: k.Restart})
-	})
+	eachWay(t, []testpeer.Way{testpeer.KnfsdRDMA}, run)
 }
 
 // restartApp is the application of TestServerRestartUnderMount: a
