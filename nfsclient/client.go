@@ -30,6 +30,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/lru"
 	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/internal/wait"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -349,7 +350,7 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 	staleRetries := 0
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
-			if err := sleep(ctx, retryDelay(attempt)); err != nil {
+			if err := wait.Sleep(ctx, retryDelay(attempt)); err != nil {
 				return err
 			}
 		}
@@ -443,17 +444,6 @@ func (c *Client) traceCompound(cp *compound, call *oncrpc.Call, st Status, err e
 
 func retryDelay(attempt int) time.Duration {
 	return min(10*time.Millisecond<<min(attempt, 10), 2*time.Second)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // currentClientID returns the client ID for use in an operation.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/wait"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -190,7 +191,7 @@ func (c *Client) simpleOn(ctx context.Context, rpc *oncrpc.Client, ops ...nfsOp)
 		if !errors.Is(err, ErrDelay) || attempt >= 20 {
 			return err
 		}
-		if err := sleep(ctx, retryDelay(attempt)); err != nil {
+		if err := wait.Sleep(ctx, retryDelay(attempt)); err != nil {
 			return err
 		}
 	}

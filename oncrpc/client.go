@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/wait"
 	"github.com/rdmafs/rdmafs/internal/xdr"
 )
 
@@ -110,7 +111,7 @@ func (c *Client) Do(ctx context.Context, call *Call) (*Reply, error) {
 		lastErr = err
 		if errors.Is(err, ErrConnection) {
 			// Do not spin against a server that refuses connections.
-			if err := sleepCtx(ctx, backoff(attempt)); err != nil {
+			if err := wait.Sleep(ctx, backoff(attempt)); err != nil {
 				return nil, err
 			}
 		}
@@ -143,17 +144,6 @@ func (c *Client) roundTrip(ctx context.Context, call *Call) (*Reply, error) {
 func backoff(attempt int) time.Duration {
 	d := 100 * time.Millisecond << min(attempt, 6)
 	return d
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // Ping sends the NULL procedure (procedure 0) and waits for its reply.

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rdmafs/rdmafs/internal/wait"
 )
 
 // MaxConnections bounds a MultiTransport's connections, as Linux bounds
@@ -272,7 +274,7 @@ func (m *MultiTransport) redial(i int) {
 		// in front of it, an RDMA handshake). Each attempt is bounded
 		// by a timeout that grows from 2 s to BindTimeout, so that a
 		// dial that hangs is given up and made again.
-		if sleepCtx(m.ctx, min(backoff(attempt), 5*time.Second)) != nil {
+		if wait.Sleep(m.ctx, min(backoff(attempt), 5*time.Second)) != nil {
 			return
 		}
 		ctx, cancel := context.WithTimeout(m.ctx, min(2*time.Second<<min(attempt, 5), m.opts.BindTimeout))
