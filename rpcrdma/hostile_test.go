@@ -55,8 +55,8 @@ func newExposedCall(t *testing.T, tr *Transport, xid uint32) *exposedCall {
 	copy(bulk, pattern(exposedBulk))
 	fill(dest, guardPattern)
 	return &exposedCall{
-		call: &oncrpc.Call{XID: xid, Head: mkCall(xid, procEcho, be32(exposedBulk)), Bulk: bulk, BulkMem: bulkMem,
-			ReplyBulk: dest[:exposedDest], ReplyBulkMem: destMem, MaxReplySize: 8192},
+		call: &oncrpc.Call{XID: xid, Head: mkCall(xid, procEcho, be32(exposedBulk)), Bulk: oncrpc.Lent(bulkMem),
+			ReplyBulk: oncrpc.Lent(destMem).Slice(0, exposedDest), MaxReplySize: 8192},
 		bulk: bulk, dest: dest, guard: dest[exposedDest:],
 	}
 }
@@ -400,7 +400,7 @@ func TestHostileStalledTransfer(t *testing.T) {
 			bulk, dest := bulkMem.Bytes(), destMem.Bytes()
 			fill(dest, guardPattern)
 			copy(bulk, pattern(size))
-			call := &oncrpc.Call{XID: 7, Head: mkCall(7, procEcho, be32(size)), Bulk: bulk, BulkMem: bulkMem, ReplyBulk: dest, ReplyBulkMem: destMem, MaxReplySize: 128}
+			call := &oncrpc.Call{XID: 7, Head: mkCall(7, procEcho, be32(size)), Bulk: oncrpc.Lent(bulkMem), ReplyBulk: oncrpc.Lent(destMem), MaxReplySize: 128}
 			ctx := newDeadlineCtx(fp.ctx)
 			ch := goRoundTrip(ctx, tr, call)
 			pc := fp.accept()
@@ -478,7 +478,7 @@ func TestHostileReplyDuringReadResponse(t *testing.T) {
 	defer bulkMem.Release()
 	bulk := bulkMem.Bytes()
 	copy(bulk, pattern(size))
-	a := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 41, Head: mkCall(41, procEcho, be32(size)), Bulk: bulk, BulkMem: bulkMem, MaxReplySize: 128})
+	a := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 41, Head: mkCall(41, procEcho, be32(size)), Bulk: oncrpc.Lent(bulkMem), MaxReplySize: 128})
 	m := pc.recvCall()
 	if len(m.Hdr.Reads) != 1 {
 		t.Fatalf("call sent with %d read segments, want a Read chunk", len(m.Hdr.Reads))

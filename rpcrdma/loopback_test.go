@@ -229,7 +229,7 @@ func (env *testEnv) echo(ctx context.Context, data []byte, dest []byte) error {
 	if dest == nil {
 		maxReply += len(data) // the result comes back in the reply itself
 	}
-	call := &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, ReplyBulk: dest, MaxReplySize: maxReply}
+	call := &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: oncrpc.Plain(data), ReplyBulk: oncrpc.Plain(dest), MaxReplySize: maxReply}
 	rep, err := env.clnt.Do(ctx, call)
 	if err != nil {
 		return err

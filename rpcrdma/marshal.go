@@ -108,9 +108,9 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	// 8166 s4.3.3: what must fit the reply threshold is the transport
 	// header and the payload).
 	recvRoom := recvLimit - replyHeaderRoom
-	if n := len(call.ReplyBulk); n > 0 && call.MaxReplySize+n > recvRoom {
+	if n := call.ReplyBulk.Len(); n > 0 && call.MaxReplySize+n > recvRoom {
 		// RFC 8166 s3.4.6: a Write chunk gets no room for XDR padding.
-		segs, bounce, err := c.exposeBulk(ctx, r, &r.writeRegs, call.ReplyBulk, call.ReplyBulkMem, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, r.writeOff[:0])
+		segs, bounce, err := c.exposeBulk(ctx, r, &r.writeRegs, call.ReplyBulk, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, r.writeOff[:0])
 		if err != nil {
 			return err
 		}
@@ -125,7 +125,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 			return fmt.Errorf("rpcrdma: xid %#x: Reply chunk buffer: %w", r.xid, err)
 		}
 		r.replyBuf = buf
-		reg, err := c.expose(r, &r.replyRegs, nil, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		reg, err := c.expose(r, &r.replyRegs, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			return err
 		}
@@ -142,17 +142,18 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		// word is in MinHeaderLen.
 		hdrLen += 4 + writeSegLen*len(h.Reply)
 	}
-	pad := zeroPad[:xdr.Pad(len(call.Bulk))]
+	bulk := call.Bulk.Bytes()
+	pad := zeroPad[:xdr.Pad(len(bulk))]
 	switch {
 	case hdrLen+call.Len() <= sendSize:
 		r.kinds[0] = chunkInline
-		r.pieces = append(r.pieces[:0], nil, call.Head, call.Bulk, pad, call.Tail)
-		c.t.stats.copied.Add(uint64(len(call.Bulk))) // into the send buffer
-	case call.Bulk != nil && hdrLen+readSegLen*c.bulkSegments(call.Bulk, call.BulkMem)+len(call.Head)+len(call.Tail) <= sendSize:
+		r.pieces = append(r.pieces[:0], nil, call.Head, bulk, pad, call.Tail)
+		c.t.stats.copied.Add(uint64(len(bulk))) // into the send buffer
+	case !call.Bulk.IsZero() && hdrLen+readSegLen*c.bulkSegments(call.Bulk)+len(call.Head)+len(call.Tail) <= sendSize:
 		// RFC 8166 s3.4.5: the Read chunk's position is the offset of the
 		// reduced item in the whole payload stream; the item's XDR pad
 		// goes with it (s3.4.4), so Tail follows Head directly.
-		segs, _, err := c.exposeBulk(ctx, r, &r.readRegs, call.Bulk, call.BulkMem, verbs.AccessRemoteRead, r.readSegs[:0])
+		segs, _, err := c.exposeBulk(ctx, r, &r.readRegs, call.Bulk, verbs.AccessRemoteRead, r.readSegs[:0])
 		if err != nil {
 			return err
 		}
@@ -170,11 +171,11 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 			return err
 		}
 		k := copy(buf, call.Head)
-		k += copy(buf[k:], call.Bulk)
+		k += copy(buf[k:], bulk)
 		k += copy(buf[k:], pad)
 		copy(buf[k:], call.Tail)
-		c.t.stats.copied.Add(uint64(len(call.Bulk)))
-		reg, err := c.expose(r, &r.readRegs, nil, buf, verbs.AccessRemoteRead)
+		c.t.stats.copied.Add(uint64(len(bulk)))
+		reg, err := c.expose(r, &r.readRegs, buf, verbs.AccessRemoteRead)
 		if err != nil {
 			return err
 		}
@@ -216,40 +217,42 @@ func piecesLen(pieces [][]byte) int {
 // outside the slab; larger data takes several chunk segments.
 const bounceSize = 1 << 20
 
-// own returns mem as a buffer of this transport's slab, nil if it is
-// ordinary memory or another pool's (RFC 8166 s8.1: only memory the
-// transport registered itself is offered to its peer).
-func (c *conn) own(mem oncrpc.Registered) *mrcache.Buffer {
-	if b, ok := mem.(*mrcache.Buffer); ok && b.Pool() == c.t.pool {
-		return b
+// own returns the buffer of this transport's slab that v lies in and v's
+// offset in it; nil if v is ordinary memory or another pool's (RFC 8166
+// s8.1: only memory the transport registered itself is offered to its
+// peer).
+func (c *conn) own(v oncrpc.View) (*mrcache.Buffer, int) {
+	owner, off := v.Owner()
+	if b, ok := owner.(*mrcache.Buffer); ok && b.Pool() == c.t.pool {
+		return b, off
 	}
-	return nil
+	return nil, 0
 }
 
-// bulkSegments returns how many chunk segments exposeBulk makes for data
-// in mem.
-func (c *conn) bulkSegments(data []byte, mem oncrpc.Registered) int {
-	if len(data) == 0 || c.own(mem) != nil {
+// bulkSegments returns how many chunk segments exposeBulk makes for v.
+func (c *conn) bulkSegments(v oncrpc.View) int {
+	if b, _ := c.own(v); v.Len() == 0 || b != nil {
 		return 1
 	}
-	return (len(data) + bounceSize - 1) / bounceSize
+	return (v.Len() + bounceSize - 1) / bounceSize
 }
 
 // exposeBulk exposes data for a Read chunk (access remote read) or a Write
 // chunk (remote write), adds the exposures to regs and appends its
-// segments to segs. Data in a slab buffer of this transport (mem) is
-// exposed where it is, as one segment; other data goes through
+// segments to segs. Data in a slab buffer of this transport is exposed
+// where it is, as one segment; other data goes through
 // transport buffers of at most bounceSize bytes, one segment each: for a
 // Read chunk data is copied in now, for a Write chunk the returned
 // buffers are copied out when the reply comes (both counted).
-func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registration, data []byte, mem oncrpc.Registered, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
-	if buf := c.own(mem); buf != nil && len(data) > 0 {
-		reg, err := c.expose(r, regs, buf, data, access)
+func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registration, v oncrpc.View, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
+	if buf, off := c.own(v); buf != nil && v.Len() > 0 {
+		reg, err := c.exposeLent(r, regs, buf, off, v.Len(), access)
 		if err != nil {
 			return nil, nil, err
 		}
-		return append(segs, Segment{Handle: reg.STag, Length: uint32(len(data)), Offset: reg.Offset}), nil, nil
+		return append(segs, Segment{Handle: reg.STag, Length: uint32(v.Len()), Offset: reg.Offset}), nil, nil
 	}
+	data := v.Bytes()
 	var bounce [][]byte
 	for off := 0; off < len(data) || off == 0; off += bounceSize {
 		piece := data[off:min(len(data), off+bounceSize)]
@@ -262,7 +265,7 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registra
 			copy(buf, piece)
 			c.t.stats.copied.Add(uint64(len(piece)))
 		}
-		reg, err := c.expose(r, regs, nil, buf[:max(len(buf), 1)], access)
+		reg, err := c.expose(r, regs, buf[:max(len(buf), 1)], access)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -285,17 +288,23 @@ func (c *conn) callBuffer(ctx context.Context, r *req, n int) ([]byte, error) {
 	return b, nil
 }
 
-// expose offers exactly buf to the peer for this call (RFC 8166 s8.1)
-// and adds the exposure to regs, one of r's lists. buf lies in src, an
-// upper-layer buffer, or (src nil) in one the transport took itself.
-func (c *conn) expose(r *req, regs *[]*mrcache.Registration, src *mrcache.Buffer, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
-	var reg *mrcache.Registration
-	var err error
-	if src != nil {
-		reg, err = src.Expose(buf, access)
-	} else {
-		reg, err = c.t.pool.Expose(buf, access)
-	}
+// expose offers exactly buf, a buffer the transport took itself, to the
+// peer for this call (RFC 8166 s8.1) and adds the exposure to regs, one
+// of r's lists.
+func (c *conn) expose(r *req, regs *[]*mrcache.Registration, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
+	reg, err := c.t.pool.Expose(buf, access)
+	return c.noteExposure(r, regs, reg, err, access)
+}
+
+// exposeLent is expose for the n bytes at off in src, an upper-layer
+// buffer.
+func (c *conn) exposeLent(r *req, regs *[]*mrcache.Registration, src *mrcache.Buffer, off, n int, access verbs.Access) (*mrcache.Registration, error) {
+	reg, err := src.Expose(off, n, access)
+	return c.noteExposure(r, regs, reg, err, access)
+}
+
+// noteExposure records an exposure made for r.
+func (c *conn) noteExposure(r *req, regs *[]*mrcache.Registration, reg *mrcache.Registration, err error, access verbs.Access) (*mrcache.Registration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", r.xid, err)
 	}

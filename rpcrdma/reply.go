@@ -308,7 +308,7 @@ func (r *req) parseReply(h *Header, payload []byte, lent func()) (*oncrpc.Reply,
 	// its result (BulkLen); a Write chunk returned unused places 0.
 	placed := 0
 	if len(h.Writes) == 1 {
-		dst := r.call.ReplyBulk
+		dst := r.call.ReplyBulk.Bytes()
 		for k, s := range h.Writes[0] {
 			n := int(s.Length)
 			if r.writePlaced != nil && k < len(r.writePlaced) {
