@@ -15,7 +15,7 @@ import (
 // handle, not by its address, so ordinary memory is never taken for it,
 // and exposing or returning it needs no search of the slab.
 //
-// The life of a Buffer: Alloc lends it; while a call is in flight the
+// The life of a Buffer: Get or GetWait lends it; while a call is in flight the
 // transport exposes parts of it to the peer (Expose) and invalidates
 // them before the call returns; Release gives it back to the pool. The
 // holder must not use Bytes after Release.
@@ -25,19 +25,6 @@ type Buffer struct {
 	off  uint64 // of mem in the chunk
 	mu   sync.Mutex
 	mem  []byte // nil once released
-}
-
-// Alloc lends n bytes of registered memory to the upper layer for a
-// long-lived buffer (a READ destination, a write-back buffer). Like Get
-// it never waits: when the upper layer's share of the budget is used up
-// it returns ErrNoMemory, and the caller uses ordinary memory, which the
-// transport then copies through buffers of its own.
-func (p *Pool) Alloc(n int) (*Buffer, error) {
-	mem, ci, off, err := p.alloc(n, true)
-	if err != nil {
-		return nil, err
-	}
-	return &Buffer{pool: p, ci: ci, off: off, mem: mem}, nil
 }
 
 // Bytes returns the buffer's memory (nil after Release).
@@ -50,6 +37,26 @@ func (b *Buffer) Bytes() []byte {
 // Pool returns the pool the buffer belongs to: a transport exposes only
 // its own pool's buffers.
 func (b *Buffer) Pool() *Pool { return b.pool }
+
+// SGE returns the local scatter/gather element of the n bytes at off in
+// the buffer, for a work request of the transport's own (a Send, a
+// receive, an RDMA Read sink or Write source): the registered chunk and
+// the offset in it, known from the handle.
+func (b *Buffer) SGE(off, n int) (verbs.SGE, error) {
+	b.mu.Lock()
+	size, released := len(b.mem), b.mem == nil
+	b.mu.Unlock()
+	if released || off < 0 || n < 0 || off > size-n {
+		return verbs.SGE{}, fmt.Errorf("mrcache: %d bytes at %d of a %d-byte buffer (released: %v): %w", n, off, size, released, ErrNotRegistered)
+	}
+	p := b.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return verbs.SGE{}, fmt.Errorf("mrcache: SGE: %w", ErrClosed)
+	}
+	return verbs.SGE{MR: p.chunks[b.ci].mr, Offset: b.off + uint64(off), Length: uint32(n)}, nil
+}
 
 // Release gives the buffer back to the pool. A second Release is an
 // error, not a second free.

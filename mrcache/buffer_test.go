@@ -14,15 +14,15 @@ import (
 func TestBufferLifetime(t *testing.T) {
 	pd := iwarp.NewProtectionDomain()
 	p := New(pd, ChunkSize)
-	b, err := p.Alloc(3 * MinBlock)
+	b, err := p.Get(3 * MinBlock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b.Pool() != p || len(b.Bytes()) != 3*MinBlock {
-		t.Fatalf("Alloc(%d): %d bytes", 3*MinBlock, len(b.Bytes()))
+		t.Fatalf("Get(%d): %d bytes", 3*MinBlock, len(b.Bytes()))
 	}
 	if st := p.Stats(); st.BytesInUse != 4*MinBlock {
-		t.Fatalf("in use after Alloc: %d bytes, want a %d-byte block", st.BytesInUse, 4*MinBlock)
+		t.Fatalf("in use after Get: %d bytes, want a %d-byte block", st.BytesInUse, 4*MinBlock)
 	}
 	mem := b.Bytes()
 	mem[100] = 0x5a
@@ -80,27 +80,27 @@ func TestBufferLifetime(t *testing.T) {
 	}
 }
 
-// TestAllocIsTheUpperShare: Alloc draws on the upper layer's share of the
-// budget, as Get does, and fails without waiting when it is used up.
-func TestAllocIsTheUpperShare(t *testing.T) {
+// TestGetIsTheUpperShare: Get draws on the upper layer's share of the
+// budget and fails without waiting when it is used up.
+func TestGetIsTheUpperShare(t *testing.T) {
 	p := New(iwarp.NewProtectionDomain(), ChunkSize)
 	var held []*Buffer
 	for range upperShareNum {
-		b, err := p.Alloc(ChunkSize / upperShareDen)
+		b, err := p.Get(ChunkSize / upperShareDen)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, b)
 	}
-	if _, err := p.Alloc(MinBlock); !errors.Is(err, ErrNoMemory) {
-		t.Fatalf("Alloc beyond the upper share: %v, want ErrNoMemory", err)
+	if _, err := p.Get(MinBlock); !errors.Is(err, ErrNoMemory) {
+		t.Fatalf("Get beyond the upper share: %v, want ErrNoMemory", err)
 	}
 	for _, b := range held {
 		if err := b.Release(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := p.Alloc(MinBlock); err != nil {
-		t.Fatalf("Alloc after the releases: %v", err)
+	if _, err := p.Get(MinBlock); err != nil {
+		t.Fatalf("Get after the releases: %v", err)
 	}
 }

@@ -700,7 +700,7 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	pool := tr.Buffers()
 	before := tr.Stats()
 	data := pattern(1<<20, 5)
-	srcMem, err := pool.Alloc(c.WSize())
+	srcMem, err := pool.Get(c.WSize())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -718,7 +718,7 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	if st.BytesCopied != before.BytesCopied {
 		t.Fatalf("WRITE from registered memory: the transport copied %d bytes", st.BytesCopied-before.BytesCopied)
 	}
-	destMem, err := pool.Alloc(c.WSize())
+	destMem, err := pool.Get(c.WSize())
 	if err != nil {
 		t.Fatal(err)
 	}

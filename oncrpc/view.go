@@ -49,3 +49,15 @@ func (v View) IsZero() bool { return v.owner == nil && v.data == nil }
 // Owner returns the registered memory the view lies in and the view's
 // offset in it; owner is nil for ordinary memory.
 func (v View) Owner() (owner Registered, off int) { return v.owner, v.off }
+
+// ViewHandler is a CallHandler whose replies may lie in registered memory
+// a transport lent it (the RPC-over-RDMA responder's Buffers, wrapped with
+// Lent): a server that knows it calls HandleCallView instead of
+// HandleCall, moves the reply from where it is when the memory is its
+// own, and gives it back with ReleaseView once nothing of it is
+// referenced any more (as ReplyReleaser does for HandleCall's replies).
+type ViewHandler interface {
+	CallHandler
+	HandleCallView(msg []byte) View
+	ReleaseView(reply View)
+}

@@ -38,7 +38,7 @@ func heapBuf(_ *testing.B, n int) dataBuf { return oncrpc.Plain(make([]byte, n))
 
 func slabBuf(t *Transport) func(b *testing.B, n int) dataBuf {
 	return func(b *testing.B, n int) dataBuf {
-		buf, err := t.Buffers().Alloc(n)
+		buf, err := t.Buffers().Get(n)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -46,7 +46,7 @@ func TestConformanceInlineDespiteChunks(t *testing.T) {
 			t.Fatalf("%d regions left exposed", n)
 		}
 
-		lent, err := env.tr.Buffers().Alloc(100)
+		lent, err := env.tr.Buffers().Get(100)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -206,7 +206,7 @@ func TestConformanceInlineCall(t *testing.T) {
 func TestConformanceReadChunk(t *testing.T) {
 	c, _ := confConn(t, Config{}, negV1, 1024)
 	const xid = 7
-	lent, err := c.t.pool.Alloc(1001)
+	lent, err := c.t.pool.Get(1001)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,7 @@ func TestConformancePositionZero(t *testing.T) {
 // gets an empty Write list, asking for it inline (s4.3.2).
 func TestConformanceWriteChunk(t *testing.T) {
 	c, _ := confConn(t, Config{}, negV1, 1024)
-	lent, err := c.t.pool.Alloc(1001)
+	lent, err := c.t.pool.Get(1001)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +459,7 @@ func TestConformanceLocalErrorFailsFast(t *testing.T) {
 // invalidation (invalidateWait).
 func TestConformanceFailedInvalidateClosesFirst(t *testing.T) {
 	c, qp := confConn(t, Config{}, negV1, 1024)
-	lent, err := c.t.pool.Alloc(1001)
+	lent, err := c.t.pool.Get(1001)
 	if err != nil {
 		t.Fatal(err)
 	}

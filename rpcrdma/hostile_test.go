@@ -39,11 +39,11 @@ const (
 func newExposedCall(t *testing.T, tr *Transport, xid uint32) *exposedCall {
 	t.Helper()
 	pool := tr.Buffers()
-	bulkMem, err := pool.Alloc(exposedBulk)
+	bulkMem, err := pool.Get(exposedBulk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	destMem, err := pool.Alloc(2 * exposedDest)
+	destMem, err := pool.Get(2 * exposedDest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,12 +387,12 @@ func TestHostileStalledTransfer(t *testing.T) {
 			tr := fp.transport(Config{Version: Version1})
 			pool := tr.Buffers()
 			const size = 256 << 10
-			bulkMem, err := pool.Alloc(size)
+			bulkMem, err := pool.Get(size)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer bulkMem.Release()
-			destMem, err := pool.Alloc(size)
+			destMem, err := pool.Get(size)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -471,7 +471,7 @@ func TestHostileReplyDuringReadResponse(t *testing.T) {
 	tr := fp.transport(Config{Version: Version1})
 	pc := warmUp(t, fp, tr)
 	const size = 256 << 10
-	bulkMem, err := tr.Buffers().Alloc(size)
+	bulkMem, err := tr.Buffers().Get(size)
 	if err != nil {
 		t.Fatal(err)
 	}

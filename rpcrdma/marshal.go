@@ -58,18 +58,18 @@ type req struct {
 	writeRegs, replyRegs, readRegs []*mrcache.Registration
 
 	binds    []*verbs.MemoryRegion // backs bindList, kept with the pooled req
-	owned    [][]byte              // transport buffers of this call, back to the pool at its end
-	bounceIn [][]byte              // Write chunk segments standing in for a ReplyBulk outside the slab
+	owned    []*mrcache.Buffer     // transport buffers of this call, back to the pool at its end
+	bounceIn [][]byte              // Write chunk segments standing in for a ReplyBulk outside the slab (in owned)
 	writeOff []Segment             // the Write chunk offered (empty: none), to check the reply's echo
 	// writePlaced is what the provider saw placed in each Write chunk
 	// segment, counted by invalidate (mrcache InvalidatePlaced); nil
 	// when it cannot know (a hardware provider).
 	writePlaced []int
-	placedBuf   []int        // backs writePlaced, kept with the pooled req
-	readSegs    []Segment    // backs the Read chunk's segments
-	replyBuf    []byte       // Reply chunk target (slab); handed up with the reply
-	replySegs   []Segment    // the Reply chunk offered (empty: none)
-	kinds       [2]chunkKind // call and reply decisions, for tracing and counters
+	placedBuf   []int           // backs writePlaced, kept with the pooled req
+	readSegs    []Segment       // backs the Read chunk's segments
+	replyBuf    *mrcache.Buffer // Reply chunk target; handed up with the reply
+	replySegs   []Segment       // the Reply chunk offered (empty: none)
+	kinds       [2]chunkKind    // call and reply decisions, for tracing and counters
 	tr          *Transport
 	probe       bool   // sent as the version-2 negotiation probe
 	resend      bool   // the probe met ERR_VERS: send again as version 1
@@ -125,7 +125,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 			return fmt.Errorf("rpcrdma: xid %#x: Reply chunk buffer: %w", r.xid, err)
 		}
 		r.replyBuf = buf
-		reg, err := c.expose(r, &r.replyRegs, buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		reg, err := c.expose(r, &r.replyRegs, buf, size, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			return err
 		}
@@ -166,16 +166,17 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 	default:
 		// RFC 8166 s3.5.3: a Position-Zero Read chunk carries the whole
 		// call, padding included, and the Send carries only the header.
-		buf, err := c.callBuffer(ctx, r, call.Len())
+		lent, err := c.callBuffer(ctx, r, call.Len())
 		if err != nil {
 			return err
 		}
+		buf := lent.Bytes()
 		k := copy(buf, call.Head)
 		k += copy(buf[k:], bulk)
 		k += copy(buf[k:], pad)
 		copy(buf[k:], call.Tail)
 		c.t.stats.copied.Add(uint64(len(bulk)))
-		reg, err := c.expose(r, &r.readRegs, buf, verbs.AccessRemoteRead)
+		reg, err := c.expose(r, &r.readRegs, lent, len(buf), verbs.AccessRemoteRead)
 		if err != nil {
 			return err
 		}
@@ -256,16 +257,16 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registra
 	var bounce [][]byte
 	for off := 0; off < len(data) || off == 0; off += bounceSize {
 		piece := data[off:min(len(data), off+bounceSize)]
-		buf, err := c.callBuffer(ctx, r, max(len(piece), 1))
+		lent, err := c.callBuffer(ctx, r, max(len(piece), 1))
 		if err != nil {
 			return nil, nil, err
 		}
-		buf = buf[:len(piece)]
+		buf := lent.Bytes()[:len(piece)]
 		if access&verbs.AccessRemoteRead != 0 {
 			copy(buf, piece)
 			c.t.stats.copied.Add(uint64(len(piece)))
 		}
-		reg, err := c.expose(r, regs, buf[:max(len(buf), 1)], access)
+		reg, err := c.expose(r, regs, lent, max(len(buf), 1), access)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -279,7 +280,7 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registra
 }
 
 // callBuffer returns a slab buffer that lives as long as the call.
-func (c *conn) callBuffer(ctx context.Context, r *req, n int) ([]byte, error) {
+func (c *conn) callBuffer(ctx context.Context, r *req, n int) (*mrcache.Buffer, error) {
 	b, err := c.t.pool.GetWait(ctx, n)
 	if err != nil {
 		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", r.xid, err)
@@ -288,23 +289,17 @@ func (c *conn) callBuffer(ctx context.Context, r *req, n int) ([]byte, error) {
 	return b, nil
 }
 
-// expose offers exactly buf, a buffer the transport took itself, to the
-// peer for this call (RFC 8166 s8.1) and adds the exposure to regs, one
-// of r's lists.
-func (c *conn) expose(r *req, regs *[]*mrcache.Registration, buf []byte, access verbs.Access) (*mrcache.Registration, error) {
-	reg, err := c.t.pool.Expose(buf, access)
-	return c.noteExposure(r, regs, reg, err, access)
+// expose offers the first n bytes of buf, a buffer the transport took
+// itself, to the peer for this call (RFC 8166 s8.1), and adds the
+// exposure to regs, one of r's lists.
+func (c *conn) expose(r *req, regs *[]*mrcache.Registration, buf *mrcache.Buffer, n int, access verbs.Access) (*mrcache.Registration, error) {
+	return c.exposeLent(r, regs, buf, 0, n, access)
 }
 
 // exposeLent is expose for the n bytes at off in src, an upper-layer
-// buffer.
+// buffer or one of the transport's.
 func (c *conn) exposeLent(r *req, regs *[]*mrcache.Registration, src *mrcache.Buffer, off, n int, access verbs.Access) (*mrcache.Registration, error) {
 	reg, err := src.Expose(off, n, access)
-	return c.noteExposure(r, regs, reg, err, access)
-}
-
-// noteExposure records an exposure made for r.
-func (c *conn) noteExposure(r *req, regs *[]*mrcache.Registration, reg *mrcache.Registration, err error, access verbs.Access) (*mrcache.Registration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", r.xid, err)
 	}
@@ -482,10 +477,10 @@ func (t *Transport) disable(err error) {
 // with the reply, if there was one).
 func (r *req) finish(c *conn) {
 	_ = r.invalidate(c) // the call fails either way; see invalidate
-	put := func(b []byte) {
+	put := func(b *mrcache.Buffer) {
 		if r.exposed {
 			// A peer may still reach it: never reuse it.
-			c.t.stats.quarantined.Add(uint64(len(b)))
+			c.t.stats.quarantined.Add(uint64(len(b.Bytes())))
 			return
 		}
 		c.t.pool.Put(b)

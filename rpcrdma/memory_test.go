@@ -29,7 +29,7 @@ func TestCopiesPerByte(t *testing.T) {
 		want := make([]byte, size) // the source procedure returns zeros
 		var e xdr.Encoder
 
-		lent, err := pool.Alloc(size)
+		lent, err := pool.Get(size)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestOnlyLentMemoryIsExposed(t *testing.T) {
 		return env.tr.Stats().BytesCopied - before.BytesCopied
 	}
 
-	lent, err := env.tr.Buffers().Alloc(size)
+	lent, err := env.tr.Buffers().Get(size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,13 +135,13 @@ func TestOnlyLentMemoryIsExposed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer env.tr.Buffers().Put(unnamed)
-	if got := read(t, "unnamed", oncrpc.Plain(unnamed)); got < size {
+	if got := read(t, "unnamed", oncrpc.Plain(unnamed.Bytes())); got < size {
 		t.Fatalf("READ into slab memory the call does not name: %d bytes copied, want at least %d (through a transport buffer)", got, size)
 	}
 
 	other := NewTransport(env.resp.Addr(), Config{Provider: env.tr.cfg.Provider})
 	defer other.Close()
-	foreign, err := other.Buffers().Alloc(size)
+	foreign, err := other.Buffers().Get(size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestOnlyLentMemoryIsExposed(t *testing.T) {
 		t.Fatalf("READ into another transport's buffer: %d bytes copied, want at least %d", got, size)
 	}
 
-	gone, err := env.tr.Buffers().Alloc(size)
+	gone, err := env.tr.Buffers().Get(size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func fill(b []byte, v byte) {
 func TestRegistrationReuse(t *testing.T) {
 	const budget = 16 << 20
 	env := newEnv(t, Version1, ResponderConfig{Credits: 16}, Config{MemoryBytes: budget, Credits: 16})
-	lent, err := env.tr.Buffers().Alloc(1 << 20)
+	lent, err := env.tr.Buffers().Get(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestCloseDeregistersEverything(t *testing.T) {
 	tr := NewTransport(env.resp.Addr(), Config{Provider: env.tr.cfg.Provider})
 	clnt := oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{})
 	pool := tr.Buffers()
-	lent, err := pool.Alloc(1 << 20)
+	lent, err := pool.Get(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}

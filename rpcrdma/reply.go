@@ -333,7 +333,7 @@ func (r *req) parseReply(h *Header, payload []byte, lent func()) (*oncrpc.Reply,
 	case h.Proc == ProcNoMsg:
 		// The Reply chunk's buffer goes up with the reply.
 		buf, pool := r.replyBuf, r.tr.pool
-		msg, release = buf[:chunkLen(h.Reply)], func() { pool.Put(buf) }
+		msg, release = buf.Bytes()[:chunkLen(h.Reply)], func() { pool.Put(buf) }
 		r.replyBuf = nil
 		if r.replyKnown && len(msg) > r.replyPlaced {
 			// RFC 8166 s3.4.6, as for a Write chunk: only the bytes

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -269,13 +270,13 @@ func TestHostileReplyChunkOverclaim(t *testing.T) {
 			pc := warmUp(t, fp, tr)
 			// Whatever buffer the Reply chunk gets, it held the marker.
 			pool := tr.Buffers()
-			var held [][]byte
+			var held []*mrcache.Buffer
 			for range 8 {
 				b, err := pool.Get(8192)
 				if err != nil {
 					t.Fatal(err)
 				}
-				fill(b, guardPattern)
+				fill(b.Bytes(), guardPattern)
 				held = append(held, b)
 			}
 			for _, b := range held {

@@ -72,7 +72,7 @@ func TestHostileHardwareStaleBytes(t *testing.T) {
 
 	t.Run("write-registered", func(t *testing.T) {
 		fillSlab(t, pool)
-		lent, err := pool.Alloc(exposedDest)
+		lent, err := pool.Get(exposedDest)
 		if err != nil {
 			t.Fatal(err)
 		}

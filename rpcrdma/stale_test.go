@@ -49,13 +49,13 @@ func noMarker(n int, seed byte) []byte {
 // holds the marker.
 func fillSlabByte(t *testing.T, p *mrcache.Pool, n int) {
 	t.Helper()
-	var held [][]byte
+	var held []*mrcache.Buffer
 	for got := 0; got < n; got += mrcache.ChunkSize {
 		b, err := p.GetWait(noWait, mrcache.ChunkSize) // up to the budget
 		if err != nil {
 			break
 		}
-		fill(b, slabMarker)
+		fill(b.Bytes(), slabMarker)
 		held = append(held, b)
 	}
 	if len(held) == 0 {
@@ -97,7 +97,7 @@ func TestNoStaleBytes(t *testing.T) {
 		fillSlabByte(t, env.tr.Buffers(), 64<<20)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		regDest, err := env.tr.Buffers().Alloc(1 << 20)
+		regDest, err := env.tr.Buffers().Get(1 << 20)
 		if err != nil {
 			t.Fatal(err)
 		}
