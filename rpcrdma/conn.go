@@ -308,7 +308,8 @@ func (c *conn) teardown(err error, pending map[uint32]*req) {
 	close(c.qpClosed)
 	c.putSends()
 	for _, r := range pending {
-		_ = r.invalidate(c) // the connection is closed already
+		// The call's send ends its exposures (frwr.unmapAll) before
+		// it returns; with the queue pair closed, none can stall.
 		r.err = err
 		close(r.done)
 	}

@@ -1,12 +1,9 @@
 package rpcrdma
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"time"
 
-	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -50,36 +47,22 @@ type req struct {
 	hdrBuf xdr.Encoder
 	pieces [][]byte // what the Send carries: transport header, then RPC message parts
 
-	// What the call exposed, one list per chunk kind (RFC 8166 s3.4), in
-	// the order of the chunk's segments. The peer may write the Write
-	// and Reply chunks', which are invalidated before the reply is looked
-	// at; it may only read the Read chunk's, invalidated by the caller
-	// before the call returns.
-	writeRegs, replyRegs, readRegs []*mrcache.Registration
+	// frwr is what the call exposed to the peer (frwr.go): mapped here,
+	// unmapped when the reply comes (what the peer may write) and when
+	// the call ends (all of it).
+	frwr
 
-	binds    []*verbs.MemoryRegion // backs bindList, kept with the pooled req
-	owned    []*mrcache.Buffer     // transport buffers of this call, back to the pool at its end
-	bounceIn [][]byte              // Write chunk segments standing in for a ReplyBulk outside the slab (in owned)
-	writeOff []Segment             // the Write chunk offered (empty: none), to check the reply's echo
-	// writePlaced is what the provider saw placed in each Write chunk
-	// segment, counted by invalidate (mrcache InvalidatePlaced); nil
-	// when it cannot know (a hardware provider).
-	writePlaced []int
-	placedBuf   []int           // backs writePlaced, kept with the pooled req
-	readSegs    []Segment       // backs the Read chunk's segments
-	replyBuf    *mrcache.Buffer // Reply chunk target; handed up with the reply
-	replySegs   []Segment       // the Reply chunk offered (empty: none)
-	kinds       [2]chunkKind    // call and reply decisions, for tracing and counters
-	tr          *Transport
-	probe       bool   // sent as the version-2 negotiation probe
-	resend      bool   // the probe met ERR_VERS: send again as version 1
-	seq         uint64 // the call's place in the connection's message order
-	exposed     bool   // an exposure could not be invalidated: buffers withdrawn
-
-	// replyPlaced is what the provider saw placed in the Reply chunk,
-	// counted by invalidate; replyKnown is false when it cannot know.
-	replyPlaced int
-	replyKnown  bool
+	owned     []*mrcache.Buffer // transport buffers of this call, back to the pool at its end
+	bounceIn  [][]byte          // Write chunk segments standing in for a ReplyBulk outside the slab (in owned)
+	writeOff  []Segment         // the Write chunk offered (empty: none), to check the reply's echo
+	readSegs  []Segment         // backs the Read chunk's segments
+	replyBuf  *mrcache.Buffer   // Reply chunk target; handed up with the reply
+	replySegs []Segment         // the Reply chunk offered (empty: none)
+	kinds     [2]chunkKind      // call and reply decisions, for tracing and counters
+	tr        *Transport
+	probe     bool   // sent as the version-2 negotiation probe
+	resend    bool   // the probe met ERR_VERS: send again as version 1
+	seq       uint64 // the call's place in the connection's message order
 
 	done  chan struct{}
 	reply *oncrpc.Reply
@@ -125,7 +108,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 			return fmt.Errorf("rpcrdma: xid %#x: Reply chunk buffer: %w", r.xid, err)
 		}
 		r.replyBuf = buf
-		reg, err := c.expose(r, &r.replyRegs, buf, size, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		reg, err := r.mapBuffer(c, r.xid, &r.replyRegs, buf, 0, size, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			return err
 		}
@@ -176,7 +159,7 @@ func (c *conn) marshal(ctx context.Context, r *req, credits uint32, vers uint32,
 		k += copy(buf[k:], pad)
 		copy(buf[k:], call.Tail)
 		c.t.stats.copied.Add(uint64(len(bulk)))
-		reg, err := c.expose(r, &r.readRegs, lent, len(buf), verbs.AccessRemoteRead)
+		reg, err := r.mapBuffer(c, r.xid, &r.readRegs, lent, 0, len(buf), verbs.AccessRemoteRead)
 		if err != nil {
 			return err
 		}
@@ -247,7 +230,7 @@ func (c *conn) bulkSegments(v oncrpc.View) int {
 // buffers are copied out when the reply comes (both counted).
 func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registration, v oncrpc.View, access verbs.Access, segs []Segment) ([]Segment, [][]byte, error) {
 	if buf, off := c.own(v); buf != nil && v.Len() > 0 {
-		reg, err := c.exposeLent(r, regs, buf, off, v.Len(), access)
+		reg, err := r.mapBuffer(c, r.xid, regs, buf, off, v.Len(), access)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -266,7 +249,7 @@ func (c *conn) exposeBulk(ctx context.Context, r *req, regs *[]*mrcache.Registra
 			copy(buf, piece)
 			c.t.stats.copied.Add(uint64(len(piece)))
 		}
-		reg, err := c.expose(r, regs, lent, max(len(buf), 1), access)
+		reg, err := r.mapBuffer(c, r.xid, regs, lent, 0, max(len(buf), 1), access)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -287,213 +270,4 @@ func (c *conn) callBuffer(ctx context.Context, r *req, n int) (*mrcache.Buffer, 
 	}
 	r.owned = append(r.owned, b)
 	return b, nil
-}
-
-// expose offers the first n bytes of buf, a buffer the transport took
-// itself, to the peer for this call (RFC 8166 s8.1), and adds the
-// exposure to regs, one of r's lists.
-func (c *conn) expose(r *req, regs *[]*mrcache.Registration, buf *mrcache.Buffer, n int, access verbs.Access) (*mrcache.Registration, error) {
-	return c.exposeLent(r, regs, buf, 0, n, access)
-}
-
-// exposeLent is expose for the n bytes at off in src, an upper-layer
-// buffer or one of the transport's.
-func (c *conn) exposeLent(r *req, regs *[]*mrcache.Registration, src *mrcache.Buffer, off, n int, access verbs.Access) (*mrcache.Registration, error) {
-	reg, err := src.Expose(off, n, access)
-	if err != nil {
-		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", r.xid, err)
-	}
-	*regs = append(*regs, reg)
-	if c.t.cfg.Tracer.On(trace.MR) {
-		c.t.cfg.Tracer.Printf(trace.MR, "mr_map xid=%#x stag=%#x len=%d access=%v", r.xid, reg.STag, reg.Len, access)
-	}
-	return reg, nil
-}
-
-// noWait is a context that has ended: an invalidation with it returns at
-// once if a placement is in progress.
-var noWait = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
-
-// invalidateWait bounds how long an invalidation waits for a placement in
-// progress before the connection is closed under it.
-const invalidateWait = 2 * time.Second
-
-// invalidate ends every exposure of r before its reply is used or the
-// call returns (RFC 8166 s4.4.1, s8.1), even those the peer already
-// invalidated with Send With Invalidate. A placement still running after
-// invalidateWait (a peer stalling a transfer) is ended by closing the
-// queue pair, and only then is the memory reused.
-//
-// An error means the call's memory was not safe to use when the call
-// ended: the connection is closed before invalidate returns, so before
-// the call completes (RFC 8166 s4.5.4), and the call must not deliver a
-// reply. An exposure that still cannot be invalidated once the queue
-// pair is closed stays reachable through the protection domain, which
-// outlives connections: its buffers are withdrawn for good and the
-// transport refuses further calls (ErrExposed).
-func (r *req) invalidate(c *conn) error {
-	first := r.invalidateWritable(c, false)
-	if err := r.invalidateReadable(c); first == nil {
-		first = err
-	}
-	return first
-}
-
-// exposures returns how many exposures of r are live.
-func (r *req) exposures() int {
-	return len(r.writeRegs) + len(r.replyRegs) + len(r.readRegs)
-}
-
-// bindList returns the regions of the call's exposures, for its Send to
-// bind (verbs.SendWR.Bind), or nil if it has none.
-func (r *req) bindList() []*verbs.MemoryRegion {
-	if r.exposures() == 0 {
-		return nil
-	}
-	binds := r.binds[:0]
-	for _, regs := range [...][]*mrcache.Registration{r.writeRegs, r.replyRegs, r.readRegs} {
-		for _, reg := range regs {
-			binds = append(binds, reg.MR())
-		}
-	}
-	r.binds = binds
-	return binds
-}
-
-// invalidateWritable is invalidate for the exposures the peer may write,
-// the Write and Reply chunks', which end before the reply is looked at.
-// With rx set it runs on the receive path, maybe in the provider's
-// receiving goroutine (recvHandlerSetter), which closing the queue pair
-// would wait for.
-//
-// It notes what the peer placed in each (RFC 8166 s3.4.6: only the bytes
-// the responder wrote are data), for the reply to be checked against.
-func (r *req) invalidateWritable(c *conn, rx bool) error {
-	var first error
-	known := true // every Write chunk segment's placed count is known
-	placed := r.placedBuf[:0]
-	for i, reg := range r.writeRegs {
-		n, ok, err := r.end(c, reg, rx)
-		if err != nil {
-			n = 0 // the call fails: see invalidate
-			first = cmp.Or(first, err)
-		}
-		placed = append(placed, n)
-		known = known && ok
-		r.writeRegs[i] = nil
-	}
-	r.placedBuf = placed
-	if len(r.writeRegs) > 0 && known {
-		r.writePlaced = placed
-	}
-	r.writeRegs = r.writeRegs[:0]
-	for i, reg := range r.replyRegs {
-		n, ok, err := r.end(c, reg, rx)
-		if err != nil {
-			first = cmp.Or(first, err)
-		} else {
-			r.replyPlaced, r.replyKnown = n, ok
-		}
-		r.replyRegs[i] = nil
-	}
-	r.replyRegs = r.replyRegs[:0]
-	return first
-}
-
-// invalidateReadable is invalidate for the Read chunk's exposures.
-func (r *req) invalidateReadable(c *conn) error {
-	var first error
-	for i, reg := range r.readRegs {
-		if _, _, err := r.end(c, reg, false); err != nil {
-			first = cmp.Or(first, err)
-		}
-		r.readRegs[i] = nil
-	}
-	r.readRegs = r.readRegs[:0]
-	return first
-}
-
-// end invalidates one exposure of r and returns what the provider saw
-// placed in it (known false: it cannot count). An error closes the
-// connection (see invalidate; rx as for invalidateWritable).
-//
-// The exposure is first invalidated without waiting, which needs no
-// timer: only when the provider is still using the region (a Read chunk
-// whose Read Response it is finishing when the reply comes: a few calls
-// in a hundred with the responder in another process, about half with
-// it in this one) does the bounded wait follow. The region is invalid
-// after the first attempt either way; the second only waits.
-func (r *req) end(c *conn, reg *mrcache.Registration, rx bool) (placed int, known bool, err error) {
-	placed, known, err = reg.InvalidatePlaced(noWait)
-	if err != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
-		placed, known, err = reg.InvalidatePlaced(ctx)
-		cancel()
-	}
-	if c.t.cfg.Tracer.On(trace.MR) {
-		c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", r.xid, reg.STag, err)
-	}
-	if err == nil {
-		return placed, known, nil
-	}
-	c.t.tracef(trace.RDMA, "xid=%#x: %v: closing the connection", r.xid, err)
-	if rx {
-		// The close stops the placement all the same (not this
-		// goroutine's: it places nothing while the reply is handled);
-		// Invalidate waits for it.
-		c.failRx(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
-	} else {
-		c.qp.Close()
-		go c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
-	}
-	if err := reg.Invalidate(context.Background()); err != nil {
-		r.exposed = true
-		c.t.disable(fmt.Errorf("%w: xid %#x: %w", ErrExposed, r.xid, err))
-	}
-	return 0, false, err
-}
-
-// disable makes the transport refuse calls for good: memory it exposed
-// could not be protected (RFC 8166 s4.5.4).
-func (t *Transport) disable(err error) {
-	t.tracef(trace.RDMA, "%v", err)
-	t.mu.Lock()
-	if t.exposed == nil {
-		t.exposed = err
-	}
-	c := t.conn
-	t.mu.Unlock()
-	if c != nil {
-		go c.fail(err)
-	}
-}
-
-// finish ends the call's use of the transport: exposures are invalidated
-// and its buffers go back to the pool (a Reply chunk's buffer went up
-// with the reply, if there was one).
-func (r *req) finish(c *conn) {
-	_ = r.invalidate(c) // the call fails either way; see invalidate
-	put := func(b *mrcache.Buffer) {
-		if r.exposed {
-			// A peer may still reach it: never reuse it.
-			c.t.stats.quarantined.Add(uint64(len(b.Bytes())))
-			return
-		}
-		c.t.pool.Put(b)
-	}
-	for i, b := range r.owned {
-		put(b)
-		r.owned[i] = nil
-	}
-	r.owned = r.owned[:0]
-	if r.replyBuf != nil {
-		put(r.replyBuf)
-		r.replyBuf = nil
-	}
-	r.bounceIn = nil
-	r.exposed = false
 }
