@@ -131,6 +131,7 @@ type Pool struct {
 	inUse      int64
 	upperInUse int64
 	idleFR     []*Registration // fast-registration regions not bound now
+	spare      []*Buffer       // handles given back by Recycle, for get to reuse
 	stats      Stats
 	closed     bool
 }
@@ -217,30 +218,56 @@ func (p *Pool) wakeLocked() {
 }
 
 func (p *Pool) get(n int, upper bool) (*Buffer, error) {
-	mem, ci, off, err := p.alloc(n, upper)
+	mem, ci, off, b, err := p.alloc(n, upper)
 	if err != nil {
 		return nil, err
 	}
-	return &Buffer{pool: p, ci: ci, off: off, mem: mem}, nil
+	if b == nil {
+		return &Buffer{pool: p, ci: ci, off: off, mem: mem}, nil
+	}
+	b.mu.Lock()
+	b.ci, b.off, b.mem = ci, off, mem
+	b.mu.Unlock()
+	return b, nil
+}
+
+// maxSpare bounds the handles the pool keeps for reuse.
+const maxSpare = 256
+
+// Recycle is Put for a buffer whose handle its caller alone holds (a
+// transport's send or receive buffer, which never leaves it): the pool
+// keeps the handle for a later Get or GetWait, which then allocates
+// none. The caller must not use the handle afterwards, not even to
+// release it: it may name another buffer by then.
+func (p *Pool) Recycle(b *Buffer) error {
+	if err := p.Put(b); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if len(p.spare) < maxSpare {
+		p.spare = append(p.spare, b)
+	}
+	p.mu.Unlock()
+	return nil
 }
 
 // alloc allocates n bytes and returns them with the chunk index and the
 // offset in it of the memory (what a Buffer keeps to expose and free it
-// without a search).
-func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, err error) {
+// without a search), and a recycled handle for them if there is one.
+func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, spare *Buffer, err error) {
 	if n <= 0 || n > ChunkSize {
-		return nil, 0, 0, fmt.Errorf("mrcache: allocate %d bytes (1..%d): %w", n, ChunkSize, verbs.ErrInvalidWR)
+		return nil, 0, 0, nil, fmt.Errorf("mrcache: allocate %d bytes (1..%d): %w", n, ChunkSize, verbs.ErrInvalidWR)
 	}
 	order := orderOf(n)
 	size := int64(MinBlock) << order
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, 0, 0, ErrClosed
+		return nil, 0, 0, nil, ErrClosed
 	}
 	if upper && p.upperInUse+size > p.upperMax {
 		p.stats.AllocFailures++
-		return nil, 0, 0, ErrNoMemory
+		return nil, 0, 0, nil, ErrNoMemory
 	}
 	k := order
 	for k <= maxOrder && p.heads[k] < 0 {
@@ -251,10 +278,10 @@ func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, err err
 			if upper {
 				p.stats.AllocFailures++
 			}
-			return nil, 0, 0, ErrNoMemory
+			return nil, 0, 0, nil, ErrNoMemory
 		}
 		if err := p.growLocked(); err != nil {
-			return nil, 0, 0, err
+			return nil, 0, 0, nil, err
 		}
 		k = maxOrder
 	}
@@ -273,7 +300,10 @@ func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, err err
 	p.stats.Allocs++
 	ci = int(g / blocksPerChunk)
 	at := int(g%blocksPerChunk) * MinBlock
-	return p.chunks[ci].mem[at : at+n : at+n], ci, uint64(at), nil
+	if k := len(p.spare); k > 0 {
+		spare, p.spare = p.spare[k-1], p.spare[:k-1]
+	}
+	return p.chunks[ci].mem[at : at+n : at+n], ci, uint64(at), spare, nil
 }
 
 // growLocked maps and registers one more chunk.

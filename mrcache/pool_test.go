@@ -242,7 +242,8 @@ func BenchmarkFuseReadPath(b *testing.B) {
 // TestExposeAllocationFree: exposing a lent buffer and invalidating the
 // exposure allocates nothing once the pool is warm (the per-call path of
 // every RDMA READ and WRITE into or from a FUSE buffer); taking a buffer
-// and giving it back allocates its handle only.
+// and giving it back allocates its handle only, and nothing when the
+// handle is recycled.
 func TestExposeAllocationFree(t *testing.T) {
 	p := New(iwarp.NewProtectionDomain(), 0)
 	if err := p.ReserveFastRegions(1); err != nil {
@@ -279,5 +280,18 @@ func TestExposeAllocationFree(t *testing.T) {
 	}
 	if allocs := testing.AllocsPerRun(100, lend); allocs > 1 {
 		t.Fatalf("%v allocations per GetWait+Put, want the handle's only", allocs)
+	}
+	recycle := func() {
+		b, err := p.GetWait(ctx, 128<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Recycle(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recycle() // the first handle to recycle
+	if allocs := testing.AllocsPerRun(100, recycle); allocs != 0 {
+		t.Fatalf("%v allocations per GetWait+Recycle", allocs)
 	}
 }

@@ -85,7 +85,8 @@ type sendState struct {
 // complete ends a Send: the send queue is done with its buffer and its
 // gather list. Called with c.mu held.
 func (c *conn) complete(s sendState) {
-	c.t.pool.Put(s.buf)
+	// The send buffer never left the transport: its handle is reused.
+	c.t.pool.Recycle(s.buf)
 	c.sglFree = append(c.sglFree, s.sgl)
 }
 
@@ -391,7 +392,7 @@ func (c *conn) postLocked(buf *mrcache.Buffer, n int) (uint64, error) {
 // windows on hardware). Called with c.mu held.
 func (c *conn) postBindLocked(buf *mrcache.Buffer, n int, binds []*verbs.MemoryRegion) (uint64, error) {
 	if c.err != nil {
-		c.t.pool.Put(buf)
+		c.t.pool.Recycle(buf)
 		return 0, c.err
 	}
 	c.reapSendsLocked()
@@ -406,7 +407,7 @@ func (c *conn) postBindLocked(buf *mrcache.Buffer, n int, binds []*verbs.MemoryR
 	}
 	sge, err := buf.SGE(0, max(n, 1))
 	if err != nil {
-		c.t.pool.Put(buf)
+		c.t.pool.Recycle(buf)
 		c.sglFree = append(c.sglFree, sgl)
 		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
 	}
@@ -415,7 +416,7 @@ func (c *conn) postBindLocked(buf *mrcache.Buffer, n int, binds []*verbs.MemoryR
 	c.nextWR++
 	wr := c.nextWR
 	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: sgl[:], Bind: binds}); err != nil {
-		c.t.pool.Put(buf)
+		c.t.pool.Recycle(buf)
 		c.sglFree = append(c.sglFree, sgl)
 		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
 	}

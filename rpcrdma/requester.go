@@ -286,7 +286,7 @@ func (c *conn) exchange(ctx context.Context, r *req) error {
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		t.pool.Put(buf)
+		t.pool.Recycle(buf)
 		return err
 	}
 	if old := c.pending[r.xid]; old != nil {

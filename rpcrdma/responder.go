@@ -420,16 +420,23 @@ func (c *serverConn) postSGE(wr verbs.SendWR, sge verbs.SGE, d wrDone) error {
 // (oncrpc.ReplyReleaser) when the last one completes. A nil replyRef
 // means the handler does not recycle replies: its data is copied.
 type replyRef struct {
-	n       atomic.Int32
-	reply   oncrpc.View
-	release func(oncrpc.View)
+	n     atomic.Int32
+	reply oncrpc.View
+	// One of these gives it back (kept as interfaces: a method value
+	// would cost every reply an allocation).
+	viewHandler oncrpc.ViewHandler
+	releaser    oncrpc.ReplyReleaser
 }
 
 func (r *replyRef) hold() { r.n.Add(1) }
 
 func (r *replyRef) drop() {
 	if r.n.Add(-1) == 0 {
-		r.release(r.reply)
+		if r.viewHandler != nil {
+			r.viewHandler.ReleaseView(r.reply)
+		} else {
+			r.releaser.ReleaseReply(r.reply.Bytes())
+		}
 	}
 }
 
@@ -600,11 +607,11 @@ func (c *serverConn) sendReply(call *Header, callMsg []byte, replyView oncrpc.Vi
 func (c *serverConn) runHandler(call []byte) (oncrpc.View, *replyRef) {
 	if vh, ok := c.handler.(oncrpc.ViewHandler); ok {
 		reply := vh.HandleCallView(call)
-		return reply, &replyRef{reply: reply, release: vh.ReleaseView}
+		return reply, &replyRef{reply: reply, viewHandler: vh}
 	}
 	reply := oncrpc.Plain(c.handler.HandleCall(call))
 	if r, ok := c.handler.(oncrpc.ReplyReleaser); ok {
-		return reply, &replyRef{reply: reply, release: func(v oncrpc.View) { r.ReleaseReply(v.Bytes()) }}
+		return reply, &replyRef{reply: reply, releaser: r}
 	}
 	return reply, nil
 }

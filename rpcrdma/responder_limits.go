@@ -109,10 +109,13 @@ func (s *Responder) getBuf(ctx context.Context, mem *connBudget, n int, zero boo
 // putBuf gives back a buffer getBuf returned with the same in.
 func (c *serverConn) putBuf(b *mrcache.Buffer, in bool) {
 	size := int64(len(b.Bytes())) // what getBuf took: its n, at least 1
-	_ = c.s.pool.Put(b)
 	if in {
+		_ = c.s.pool.Put(b)
 		c.mem.release(size)
 	} else {
+		// A Send or RDMA Write source never left the connection: its
+		// handle is reused.
+		_ = c.s.pool.Recycle(b)
 		c.out.release(size)
 	}
 }
