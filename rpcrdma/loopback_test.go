@@ -75,7 +75,7 @@ func (h echoHandler) ReleaseReply(reply []byte) {
 func (h echoHandler) ReleaseView(reply oncrpc.View) {
 	if owner, _ := reply.Owner(); owner != nil {
 		if lent, ok := owner.(*mrcache.Buffer); ok {
-			h.bufs.pool.Put(lent)
+			h.bufs.pool.Recycle(lent) // the handle was the handler's alone
 			return
 		}
 	}
@@ -94,7 +94,7 @@ func (h echoHandler) HandleCallView(msg []byte) oncrpc.View {
 		if mem := lent.Bytes(); len(out) > 0 && len(out) <= len(mem) && &out[0] == &mem[0] {
 			return oncrpc.Lent(lent).Slice(0, len(out))
 		}
-		h.bufs.pool.Put(lent) // the reply outgrew it
+		h.bufs.pool.Recycle(lent) // the reply outgrew it
 	}
 	if out == nil {
 		return oncrpc.View{}
