@@ -20,8 +20,9 @@ type BufferPool interface {
 }
 
 // Buffer is memory lent by a BufferPool (mrcache.Buffer). The calls that
-// use it name it (the oncrpc.Registered argument of nfsclient's Read and
-// Write), so the transport knows it for its own; Release gives it back.
+// use it name it (the oncrpc.View of nfsclient's Read and Write is made
+// from it: oncrpc.Lent), so the transport knows it for its own; Release
+// gives it back.
 type Buffer interface {
 	oncrpc.Registered
 	Release() error
@@ -142,6 +143,14 @@ func (h *file) newWriteBufferLocked(ctx context.Context, n int) writeBuffer {
 		return better
 	}
 	return wb
+}
+
+// view returns the buffered bytes as the calls that send them take them.
+func (w writeBuffer) view() oncrpc.View {
+	if w.mem != nil {
+		return oncrpc.Lent(w.mem).Slice(0, len(w.b))
+	}
+	return oncrpc.Plain(w.b)
 }
 
 // release returns the function that gives the buffer back to where it

@@ -51,11 +51,11 @@ type Client interface {
 	Open(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, args nfsclient.OpenArgs) (*nfsclient.OpenFile, error)
 	OpenFH(ctx context.Context, cred oncrpc.Credential, fh []byte, access, deny uint32) (*nfsclient.OpenFile, error)
 	CloseFile(ctx context.Context, cred oncrpc.Credential, of *nfsclient.OpenFile) error
-	Read(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, dest []byte, mem oncrpc.Registered) (n int, eof bool, err error)
+	Read(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, dest oncrpc.View) (n int, eof bool, err error)
 	ReadInPlace(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, dest []byte) (data []byte, release func(), eof bool, err error)
-	Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data []byte, mem oncrpc.Registered, stable nfsclient.Stable) (nfsclient.WriteResult, error)
-	WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data []byte, mem oncrpc.Registered, stable nfsclient.Stable) (nfsclient.WriteResult, error)
-	WriteSetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data []byte, mem oncrpc.Registered, stable nfsclient.Stable, setSID nfsclient.StateID, sa *nfsclient.SetAttr) (nfsclient.WriteResult, nfsclient.Attr, error)
+	Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data oncrpc.View, stable nfsclient.Stable) (nfsclient.WriteResult, error)
+	WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data oncrpc.View, stable nfsclient.Stable) (nfsclient.WriteResult, error)
+	WriteSetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data oncrpc.View, stable nfsclient.Stable, setSID nfsclient.StateID, sa *nfsclient.SetAttr) (nfsclient.WriteResult, nfsclient.Attr, error)
 	Commit(ctx context.Context, cred oncrpc.Credential, fh []byte, off uint64, count uint32) (nfsclient.Verifier, error)
 	// NewUnstableWriter returns the write-back of the open file of,
 	// keeping at most inFlight UNSTABLE WRITEs in flight.
@@ -71,10 +71,10 @@ type UnstableWriter interface {
 	// CommitEvery starts a COMMIT in the background after n unstable
 	// bytes; n <= 0 leaves COMMIT to Commit.
 	CommitEvery(n int)
-	// WriteAt sends data at off (in mem, if not nil) without waiting
-	// for the reply; release runs once the data is no longer needed. An
-	// error is an earlier write's.
-	WriteAt(ctx context.Context, data []byte, mem oncrpc.Registered, off uint64, release func()) error
+	// WriteAt sends data at off without waiting for the reply; release
+	// runs once the data is no longer needed. An error is an earlier
+	// write's.
+	WriteAt(ctx context.Context, data oncrpc.View, off uint64, release func()) error
 	// Flush waits for the WRITEs in flight and returns the first error.
 	Flush() error
 	// Commit flushes, COMMITs, and sends again what a changed write

@@ -206,17 +206,17 @@ func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadRes
 	if h.n.fsys.tr.On(trace.FUSE) {
 		start = time.Now()
 	}
-	buf := dest
+	buf := oncrpc.Plain(dest)
 	var mem Buffer
 	if pool := h.n.fsys.opts.Buffers; pool != nil {
 		if m, err := pool.Alloc(len(dest)); err == nil {
-			buf, mem = m.Bytes(), m
+			buf, mem = oncrpc.Lent(m), m
 		}
 	}
 	if mem == nil && len(dest) <= rsize {
 		return h.readInPlace(ctx, dest, off, start)
 	}
-	total, err := h.readChunks(ctx, buf, mem, uint64(off), rsize)
+	total, err := h.readChunks(ctx, buf, uint64(off), rsize)
 	if err != nil && total == 0 {
 		if mem != nil {
 			_ = mem.Release()
@@ -229,7 +229,7 @@ func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadRes
 		h.n.fsys.trace("READ ino=%d off=%d len=%d got=%d time=%v", h.n.StableAttr().Ino, off, len(dest), total, time.Since(start).Round(time.Microsecond))
 	}
 	if mem != nil {
-		return &slabResult{buf: mem, data: buf[:total]}, 0
+		return &slabResult{buf: mem, data: buf.Bytes()[:total]}, 0
 	}
 	return gofuse.ReadResultData(dest[:total]), 0
 }
@@ -252,7 +252,7 @@ func (h *file) readInPlace(ctx context.Context, dest []byte, off int64, start ti
 			release()
 		}
 		// An error here leaves a short answer; the next READ reports it.
-		n, _ := h.readSeq(ctx, dest[total:], nil, uint64(off)+uint64(total))
+		n, _ := h.readSeq(ctx, oncrpc.Plain(dest[total:]), uint64(off)+uint64(total))
 		total += n
 		res = gofuse.ReadResultData(dest[:total])
 	}
@@ -264,21 +264,21 @@ func (h *file) readInPlace(ctx context.Context, dest []byte, off int64, start ti
 	return res, 0
 }
 
-// readChunks fills dest, which lies in mem (nil: ordinary memory), from
-// off with READs of at most rsize bytes, sent concurrently when dest
-// needs several (the server's rsize may be far below the kernel's 1 MiB
-// FUSE READ). It returns how many bytes at the start of dest are valid.
-func (h *file) readChunks(ctx context.Context, dest []byte, mem Buffer, off uint64, rsize int) (int, error) {
+// readChunks fills dest from off with READs of at most rsize bytes, sent
+// concurrently when dest needs several (the server's rsize may be far
+// below the kernel's 1 MiB FUSE READ). It returns how many bytes at the
+// start of dest are valid.
+func (h *file) readChunks(ctx context.Context, dest oncrpc.View, off uint64, rsize int) (int, error) {
 	c := h.n.fsys.c
-	if len(dest) <= rsize {
-		return h.readSeq(ctx, dest, mem, off)
+	if dest.Len() <= rsize {
+		return h.readSeq(ctx, dest, off)
 	}
 	type result struct {
 		n   int
 		eof bool
 		err error
 	}
-	nchunks := (len(dest) + rsize - 1) / rsize
+	nchunks := (dest.Len() + rsize - 1) / rsize
 	res := make([]result, nchunks)
 	var wg sync.WaitGroup
 	for i := range nchunks {
@@ -286,8 +286,8 @@ func (h *file) readChunks(ctx context.Context, dest []byte, mem Buffer, off uint
 		go func() {
 			defer wg.Done()
 			lo := i * rsize
-			chunk := dest[lo:min(len(dest), lo+rsize)]
-			n, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(lo), chunk, mem)
+			chunk := dest.Slice(lo, min(dest.Len(), lo+rsize))
+			n, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(lo), chunk)
 			res[i] = result{n, eof, err}
 		}()
 	}
@@ -298,26 +298,26 @@ func (h *file) readChunks(ctx context.Context, dest []byte, mem Buffer, off uint
 			return total, r.err
 		}
 		total += r.n
-		want := min(len(dest), (i+1)*rsize) - i*rsize
+		want := min(dest.Len(), (i+1)*rsize) - i*rsize
 		if r.eof || r.n == 0 {
 			return total, nil
 		}
 		if r.n < want {
 			// A short READ that is not at EOF: read the rest in order.
-			n, err := h.readSeq(ctx, dest[total:], mem, off+uint64(total))
+			n, err := h.readSeq(ctx, dest.Slice(total, dest.Len()), off+uint64(total))
 			return total + n, err
 		}
 	}
 	return total, nil
 }
 
-// readSeq fills dest, which lies in mem, with READs one after the other.
-func (h *file) readSeq(ctx context.Context, dest []byte, mem Buffer, off uint64) (int, error) {
+// readSeq fills dest with READs one after the other.
+func (h *file) readSeq(ctx context.Context, dest oncrpc.View, off uint64) (int, error) {
 	c := h.n.fsys.c
 	total := 0
-	for total < len(dest) {
-		chunk := dest[total:min(len(dest), total+c.RSize())]
-		k, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(total), chunk, mem)
+	for total < dest.Len() {
+		chunk := dest.Slice(total, min(dest.Len(), total+c.RSize()))
+		k, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(total), chunk)
 		if err != nil {
 			return total, err
 		}
@@ -427,7 +427,7 @@ func (h *file) pastEOFLocked(off uint64) bool {
 // that extend a file (at its end) stay buffered.
 func (h *file) writeThrough(ctx context.Context, data []byte, off uint64) (uint32, syscall.Errno) {
 	ctx = uninterrupted(ctx)
-	if err := h.writeStable(ctx, data, nil, off); err != nil {
+	if err := h.writeStable(ctx, oncrpc.Plain(data), off); err != nil {
 		h.post = nil
 		return 0, h.n.errno("WRITE", err)
 	}
@@ -452,13 +452,13 @@ func (h *file) sendLocked() {
 	if len(h.wb.b) == 0 {
 		return
 	}
-	data, mem, off, release := h.wb.b, h.wb.mem, h.bufOff, h.wb.release()
+	data, off, release := h.wb.view(), h.bufOff, h.wb.release()
 	h.wb = writeBuffer{}
 	h.sent = true
 	if h.n.fsys.tr.On(trace.FUSE) {
-		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (unstable, buffered writes coalesced)", h.n.StableAttr().Ino, off, len(data))
+		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (unstable, buffered writes coalesced)", h.n.StableAttr().Ino, off, data.Len())
 	}
-	if err := h.w.WriteAt(h.n.fsys.bg, data, mem, off, release); err != nil && h.werr == nil {
+	if err := h.w.WriteAt(h.n.fsys.bg, data, off, release); err != nil && h.werr == nil {
 		h.werr = err
 		h.n.fsys.Stats.WriteErrors.Add(1)
 	}
@@ -478,9 +478,9 @@ func (h *file) writeOutLocked() error {
 		return h.werr
 	}
 	if !h.sent && len(h.wb.b) > 0 && h.werr == nil {
-		data, mem, off, release := h.wb.b, h.wb.mem, h.bufOff, h.wb.release()
+		data, off, release := h.wb.view(), h.bufOff, h.wb.release()
 		h.wb = writeBuffer{}
-		err := h.writeStable(h.n.fsys.bg, data, mem, off)
+		err := h.writeStable(h.n.fsys.bg, data, off)
 		if release != nil {
 			release()
 		}
@@ -529,25 +529,24 @@ func (h *file) syncLocked(ctx context.Context) error {
 	return nil
 }
 
-// writeStable sends data, which lies in mem (nil: ordinary memory), with
-// FILE_SYNC WRITEs (RFC 8881 s18.32.3), and a COMMIT if the server wrote
-// less stably than asked.
-func (h *file) writeStable(ctx context.Context, data []byte, mem Buffer, off uint64) error {
+// writeStable sends data with FILE_SYNC WRITEs (RFC 8881 s18.32.3), and
+// a COMMIT if the server wrote less stably than asked.
+func (h *file) writeStable(ctx context.Context, data oncrpc.View, off uint64) error {
 	c := h.n.fsys.c
 	if h.n.fsys.tr.On(trace.FUSE) {
-		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (file_sync, whole flush in one request)", h.n.StableAttr().Ino, off, len(data))
+		h.n.fsys.trace("WRITE ino=%d off=%d len=%d (file_sync, whole flush in one request)", h.n.StableAttr().Ino, off, data.Len())
 	}
 	needCommit := false
 	h.post = nil
-	for len(data) > 0 {
-		n := min(len(data), c.WSize())
+	for data.Len() > 0 {
+		n := min(data.Len(), c.WSize())
 		write := c.Write
-		if n == len(data) {
+		if n == data.Len() {
 			// The last WRITE brings the attributes the flush needs
 			// (Linux folds GETATTR into every WRITE).
 			write = c.WriteGetAttr
 		}
-		res, err := write(ctx, h.cred, h.of.FH, h.of.StateID, off, data[:n], mem, nfsclient.FileSync)
+		res, err := write(ctx, h.cred, h.of.FH, h.of.StateID, off, data.Slice(0, n), nfsclient.FileSync)
 		if err != nil {
 			return fmt.Errorf("write at %d: %w", off, err)
 		}
@@ -558,7 +557,7 @@ func (h *file) writeStable(ctx context.Context, data []byte, mem Buffer, off uin
 			return fmt.Errorf("write at %d: server wrote 0 bytes: %w", off, syscall.EIO)
 		}
 		needCommit = needCommit || res.Committed != nfsclient.FileSync
-		data = data[res.Count:]
+		data = data.Slice(int(res.Count), data.Len())
 		off += uint64(res.Count)
 	}
 	if needCommit {

@@ -37,7 +37,7 @@ func (n *node) writeSetAttr(ctx context.Context, cred oncrpc.Credential, sid nfs
 		return a, false, nil
 	}
 	c := n.fsys.c
-	data, mem, off, release := h.wb.b, h.wb.mem, h.bufOff, h.wb.release()
+	data, off, release := h.wb.view(), h.bufOff, h.wb.release()
 	h.wb = writeBuffer{}
 	defer func() {
 		if release != nil {
@@ -45,9 +45,9 @@ func (n *node) writeSetAttr(ctx context.Context, cred oncrpc.Credential, sid nfs
 		}
 	}()
 	if n.fsys.tr.On(trace.FUSE) {
-		n.fsys.trace("WRITE ino=%d off=%d len=%d (file_sync, in the SETATTR's COMPOUND)", n.StableAttr().Ino, off, len(data))
+		n.fsys.trace("WRITE ino=%d off=%d len=%d (file_sync, in the SETATTR's COMPOUND)", n.StableAttr().Ino, off, data.Len())
 	}
-	res, a, err := c.WriteSetAttr(ctx, h.cred, h.of.FH, h.of.StateID, off, data, mem, nfsclient.FileSync, sid, sa)
+	res, a, err := c.WriteSetAttr(ctx, h.cred, h.of.FH, h.of.StateID, off, data, nfsclient.FileSync, sid, sa)
 	if res.Count == 0 {
 		// The WRITE did not go through: it is the file's write error,
 		// as a failed flush would be.
@@ -59,10 +59,10 @@ func (n *node) writeSetAttr(ctx context.Context, cred oncrpc.Credential, sid nfs
 		return a, true, h.werr
 	}
 	setErr := err
-	if int(res.Count) < len(data) {
+	if int(res.Count) < data.Len() {
 		// A short WRITE: the rest goes now, and the SETATTR again so
 		// that the rest does not move the times it set.
-		if err := h.writeStable(ctx, data[res.Count:], mem, off+uint64(res.Count)); err != nil {
+		if err := h.writeStable(ctx, data.Slice(int(res.Count), data.Len()), off+uint64(res.Count)); err != nil {
 			h.werr = err
 			n.fsys.Stats.WriteErrors.Add(1)
 			return a, true, err

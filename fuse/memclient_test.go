@@ -631,7 +631,7 @@ func (c *memClient) openStates() int {
 	return c.opens
 }
 
-func (c *memClient) Read(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, dest []byte, mem oncrpc.Registered) (int, bool, error) {
+func (c *memClient) Read(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, view oncrpc.View) (int, bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.sendLocked("READ"); err != nil {
@@ -644,12 +644,12 @@ func (c *memClient) Read(ctx context.Context, cred oncrpc.Credential, fh []byte,
 	if off >= uint64(len(o.data)) {
 		return 0, true, nil
 	}
-	n := copy(dest, o.data[off:])
+	n := copy(view.Bytes(), o.data[off:])
 	return n, off+uint64(n) >= uint64(len(o.data)), nil
 }
 
 func (c *memClient) ReadInPlace(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, dest []byte) ([]byte, func(), bool, error) {
-	n, eof, err := c.Read(ctx, cred, fh, sid, off, dest, nil)
+	n, eof, err := c.Read(ctx, cred, fh, sid, off, oncrpc.Plain(dest))
 	return dest[:n], nil, eof, err
 }
 
@@ -671,27 +671,27 @@ func (c *memClient) writeLocked(op string, fh []byte, off uint64, data []byte, s
 	return nfsclient.WriteResult{Count: uint32(len(data)), Committed: stable, Attr: o.attrs(), AttrOK: true}, o, nil
 }
 
-func (c *memClient) Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data []byte, mem oncrpc.Registered, stable nfsclient.Stable) (nfsclient.WriteResult, error) {
+func (c *memClient) Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data oncrpc.View, stable nfsclient.Stable) (nfsclient.WriteResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	res, _, err := c.writeLocked("WRITE", fh, off, data, stable)
+	res, _, err := c.writeLocked("WRITE", fh, off, data.Bytes(), stable)
 	res.AttrOK = false
 	return res, err
 }
 
-func (c *memClient) WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data []byte, mem oncrpc.Registered, stable nfsclient.Stable) (nfsclient.WriteResult, error) {
+func (c *memClient) WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data oncrpc.View, stable nfsclient.Stable) (nfsclient.WriteResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	res, _, err := c.writeLocked("WRITE", fh, off, data, stable)
+	res, _, err := c.writeLocked("WRITE", fh, off, data.Bytes(), stable)
 	return res, err
 }
 
 // WriteSetAttr is one COMPOUND: counted as WRITE+SETATTR. A failed
 // WRITE stops it (RFC 8881 s16.2.3).
-func (c *memClient) WriteSetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data []byte, mem oncrpc.Registered, stable nfsclient.Stable, setSID nfsclient.StateID, sa *nfsclient.SetAttr) (nfsclient.WriteResult, nfsclient.Attr, error) {
+func (c *memClient) WriteSetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, off uint64, data oncrpc.View, stable nfsclient.Stable, setSID nfsclient.StateID, sa *nfsclient.SetAttr) (nfsclient.WriteResult, nfsclient.Attr, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	res, o, err := c.writeLocked("WRITE+SETATTR", fh, off, data, stable)
+	res, o, err := c.writeLocked("WRITE+SETATTR", fh, off, data.Bytes(), stable)
 	if err != nil {
 		return res, nfsclient.Attr{}, err
 	}

@@ -32,7 +32,8 @@ type memWriter struct {
 
 func (w *memWriter) CommitEvery(int) {}
 
-func (w *memWriter) WriteAt(ctx context.Context, data []byte, mem oncrpc.Registered, off uint64, release func()) error {
+func (w *memWriter) WriteAt(ctx context.Context, view oncrpc.View, off uint64, release func()) error {
+	data := view.Bytes()
 	if release != nil {
 		defer release()
 	}

@@ -3,7 +3,6 @@ package mrcache
 import (
 	"fmt"
 	"sync"
-	"unsafe"
 
 	"github.com/rdmafs/rdmafs/verbs"
 )
@@ -11,12 +10,12 @@ import (
 // Buffer is slab memory on loan to the upper layer: a READ destination or
 // a write-back buffer that the transport moves without copying. It is how
 // registered memory travels through the layers above the transport (the
-// FUSE buffers, an oncrpc.Call's BulkMem and ReplyBulkMem) back to the
+// FUSE buffers, the oncrpc.Views of a Call's Bulk and ReplyBulk) back to the
 // transport that exposes it: the transport knows the memory by the
 // handle, not by its address, so ordinary memory is never taken for it,
 // and exposing or returning it needs no search of the slab.
 //
-// The life of a Buffer: Alloc lends it; while a call is in flight the
+// The life of a Buffer: Get or GetWait lends it; while a call is in flight the
 // transport exposes parts of it to the peer (Expose) and invalidates
 // them before the call returns; Release gives it back to the pool. The
 // holder must not use Bytes after Release.
@@ -26,19 +25,6 @@ type Buffer struct {
 	off  uint64 // of mem in the chunk
 	mu   sync.Mutex
 	mem  []byte // nil once released
-}
-
-// Alloc lends n bytes of registered memory to the upper layer for a
-// long-lived buffer (a READ destination, a write-back buffer). Like Get
-// it never waits: when the upper layer's share of the budget is used up
-// it returns ErrNoMemory, and the caller uses ordinary memory, which the
-// transport then copies through buffers of its own.
-func (p *Pool) Alloc(n int) (*Buffer, error) {
-	mem, ci, off, err := p.alloc(n, true)
-	if err != nil {
-		return nil, err
-	}
-	return &Buffer{pool: p, ci: ci, off: off, mem: mem}, nil
 }
 
 // Bytes returns the buffer's memory (nil after Release).
@@ -51,6 +37,26 @@ func (b *Buffer) Bytes() []byte {
 // Pool returns the pool the buffer belongs to: a transport exposes only
 // its own pool's buffers.
 func (b *Buffer) Pool() *Pool { return b.pool }
+
+// SGE returns the local scatter/gather element of the n bytes at off in
+// the buffer, for a work request of the transport's own (a Send, a
+// receive, an RDMA Read sink or Write source): the registered chunk and
+// the offset in it, known from the handle.
+func (b *Buffer) SGE(off, n int) (verbs.SGE, error) {
+	b.mu.Lock()
+	size, released := len(b.mem), b.mem == nil
+	b.mu.Unlock()
+	if released || off < 0 || n < 0 || off > size-n {
+		return verbs.SGE{}, fmt.Errorf("mrcache: %d bytes at %d of a %d-byte buffer (released: %v): %w", n, off, size, released, ErrNotRegistered)
+	}
+	p := b.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return verbs.SGE{}, fmt.Errorf("mrcache: SGE: %w", ErrClosed)
+	}
+	return verbs.SGE{MR: p.chunks[b.ci].mr, Offset: b.off + uint64(off), Length: uint32(n)}, nil
+}
 
 // Release gives the buffer back to the pool. A second Release is an
 // error, not a second free.
@@ -67,33 +73,21 @@ func (b *Buffer) Release() error {
 	return b.pool.putLocked(b.ci, b.off)
 }
 
-// within returns the offset in b's chunk of sub, which must lie inside
-// b's memory.
-func (b *Buffer) within(sub []byte) (uint64, error) {
+// Expose binds a fast-registration region to exactly the n bytes at off
+// in the buffer, with the given access, under a new key (RFC 8166 s8.1);
+// as Pool.Expose. The exposure is named by its offset in the buffer and
+// checked against the buffer's length: nothing outside it can be offered.
+func (b *Buffer) Expose(off, n int, access verbs.Access) (*Registration, error) {
 	b.mu.Lock()
-	mem := b.mem
+	size, released := len(b.mem), b.mem == nil
 	b.mu.Unlock()
-	if mem == nil {
-		return 0, fmt.Errorf("use of a released buffer: %w", ErrNotRegistered)
+	switch {
+	case released:
+		return nil, fmt.Errorf("mrcache: expose: use of a released buffer: %w", ErrNotRegistered)
+	case n <= 0:
+		return nil, fmt.Errorf("mrcache: expose %d bytes of a buffer: %w", n, verbs.ErrInvalidWR)
+	case off < 0 || off > size-n:
+		return nil, fmt.Errorf("mrcache: expose %d bytes at %d: not inside the %d-byte buffer: %w", n, off, size, ErrNotRegistered)
 	}
-	if len(sub) == 0 {
-		return 0, fmt.Errorf("empty slice of a buffer: %w", verbs.ErrInvalidWR)
-	}
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
-	at := uintptr(unsafe.Pointer(unsafe.SliceData(sub)))
-	if at < start || at+uintptr(len(sub)) > start+uintptr(len(mem)) {
-		return 0, fmt.Errorf("%d bytes not inside the %d-byte buffer: %w", len(sub), len(mem), ErrNotRegistered)
-	}
-	return b.off + uint64(at-start), nil
-}
-
-// Expose binds a fast-registration region to exactly sub, which must lie
-// inside the buffer, with the given access, under a new key (RFC 8166
-// s8.1); as Pool.Expose.
-func (b *Buffer) Expose(sub []byte, access verbs.Access) (*Registration, error) {
-	off, err := b.within(sub)
-	if err != nil {
-		return nil, fmt.Errorf("mrcache: expose: %w", err)
-	}
-	return b.pool.exposeAt(b.ci, off, len(sub), access)
+	return b.pool.exposeAt(b.ci, b.off+uint64(off), n, access)
 }

@@ -60,18 +60,19 @@ func TestCloseKeepsUnderegisteredMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range a {
-		a[i] = 1
+	amem := a.Bytes()
+	for i := range amem {
+		amem[i] = 1
 	}
-	sge, ok := p.Locate(a)
-	if !ok {
-		t.Fatal("a is not slab memory")
+	sge, err := a.SGE(0, len(amem))
+	if err != nil {
+		t.Fatal(err)
 	}
 	h.mu.Lock()
 	h.bad[sge.MR] = true
 	h.mu.Unlock()
 	p.Close()
-	for _, buf := range [][]byte{b, a} {
+	for _, buf := range []*Buffer{b, a} {
 		if err := p.Put(buf); err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +83,7 @@ func TestCloseKeepsUnderegisteredMemory(t *testing.T) {
 			st.Chunks, st.QuarantinedBytes, ChunkSize)
 	}
 	// Still mapped: reading it does not fault.
-	for i, v := range a {
+	for i, v := range amem {
 		if v != 1 {
 			t.Fatalf("byte %d of the quarantined chunk is %d", i, v)
 		}

@@ -16,7 +16,7 @@ func (p *Pool) Poison(marker []byte) error {
 	}
 	done, cancel := context.WithCancel(context.Background())
 	cancel() // GetWait takes what is free and never waits
-	var got [][]byte
+	var got []*Buffer
 	for size := ChunkSize; size >= MinBlock; size /= 2 {
 		for {
 			b, err := p.Get(size)
@@ -34,8 +34,9 @@ func (p *Pool) Poison(marker []byte) error {
 	}
 	var first error
 	for _, b := range got {
-		for i := range b {
-			b[i] = marker[i%len(marker)]
+		mem := b.Bytes()
+		for i := range mem {
+			mem[i] = marker[i%len(marker)]
 		}
 		if err := p.Put(b); err != nil && first == nil {
 			first = fmt.Errorf("mrcache: poison: %w", err)

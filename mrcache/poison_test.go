@@ -17,15 +17,16 @@ func TestPoison(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []int{MinBlock, 64 << 10, ChunkSize} {
-		b, err := p.Get(n)
+		buf, err := p.Get(n)
 		if err != nil {
 			t.Fatal(err)
 		}
+		b := buf.Bytes()
 		want := bytes.Repeat(marker, n/len(marker))
 		if !bytes.Equal(b[:len(want)], want) {
 			t.Errorf("Get(%d) after Poison: %q..., want the marker", n, b[:16])
 		}
-		if err := p.Put(b); err != nil {
+		if err := p.Put(buf); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -22,19 +22,22 @@
 // from call to call, so registration costs nothing in the steady state:
 // Stats reports exposures and how many reused a region.
 //
-// The upper layer borrows slab memory as a Buffer, a handle that travels
-// with the calls that use it (oncrpc.Call's BulkMem and ReplyBulkMem)
-// back to the transport, which exposes it where it is:
+// Every piece of slab memory is a Buffer, a handle that says where it is
+// (its chunk and offset), so nothing is ever found by its address. The
+// upper layer borrows one from Get and hands it down in the views of the
+// calls that use it (oncrpc.Lent, oncrpc.Call's Bulk and ReplyBulk) back
+// to the transport, which exposes it where it is:
 //
 //	pool := mrcache.New(pd, 64<<20)
-//	buf, _ := pool.Alloc(1 << 20) // lent slab memory, or ErrNoMemory
-//	reg, _ := buf.Expose(buf.Bytes()[:4096], verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+//	buf, _ := pool.Get(1 << 20) // lent slab memory, or ErrNoMemory
+//	reg, _ := buf.Expose(0, 4096, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 //	// advertise reg.STag, reg.Offset, reg.Len in a Write chunk; after the reply:
 //	reg.Invalidate(ctx)
-//	buf.Release()
+//	pool.Put(buf)
 //
 // The transport's own buffers (receives, sends, Reply chunks, bounce
-// buffers) come from Get and GetWait and go back with Put.
+// buffers) come from GetWait, are posted by their handle (Buffer.SGE)
+// and go back with Put.
 package mrcache
 
 import (
@@ -44,7 +47,6 @@ import (
 	"math/bits"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"github.com/rdmafs/rdmafs/verbs"
 )
@@ -129,14 +131,14 @@ type Pool struct {
 	inUse      int64
 	upperInUse int64
 	idleFR     []*Registration // fast-registration regions not bound now
+	spare      []*Buffer       // handles given back by Recycle, for get to reuse
 	stats      Stats
 	closed     bool
 }
 
 type chunk struct {
-	mem  []byte
-	base uintptr
-	mr   *verbs.MemoryRegion
+	mem []byte
+	mr  *verbs.MemoryRegion
 	// pinned: a deregistration touching this chunk failed; its memory
 	// stays mapped (quarantined) even after Close.
 	pinned bool
@@ -163,19 +165,19 @@ func orderOf(n int) int {
 	return bits.Len(uint(blocks - 1))
 }
 
-// Get returns n bytes of registered memory from the upper layer's share
-// of the budget, as Alloc does, but bare: no handle says whose it is, so
-// a transport treats it as ordinary memory. The upper layer uses Alloc;
-// Get is for the pool's own users and tests that need slab memory as
-// such. It never waits: when the share is used up it returns ErrNoMemory.
-func (p *Pool) Get(n int) ([]byte, error) {
+// Get lends n bytes of registered memory from the upper layer's share of
+// the budget, for a long-lived buffer (a READ destination, a write-back
+// buffer). It never waits: when the share is used up it returns
+// ErrNoMemory, and the caller uses ordinary memory, which the transport
+// then copies through buffers of its own.
+func (p *Pool) Get(n int) (*Buffer, error) {
 	return p.get(n, true)
 }
 
 // GetWait returns n bytes of registered memory for a buffer that lives for
-// one call (or for a connection), waiting for memory to be freed if the
-// budget is used up.
-func (p *Pool) GetWait(ctx context.Context, n int) ([]byte, error) {
+// one call (or for a connection: a transport's receive and send
+// buffers), waiting for memory to be freed if the budget is used up.
+func (p *Pool) GetWait(ctx context.Context, n int) (*Buffer, error) {
 	for {
 		b, err := p.get(n, false)
 		if !errors.Is(err, ErrNoMemory) {
@@ -215,27 +217,57 @@ func (p *Pool) wakeLocked() {
 	}
 }
 
-func (p *Pool) get(n int, upper bool) ([]byte, error) {
-	mem, _, _, err := p.alloc(n, upper)
-	return mem, err
+func (p *Pool) get(n int, upper bool) (*Buffer, error) {
+	mem, ci, off, b, err := p.alloc(n, upper)
+	if err != nil {
+		return nil, err
+	}
+	if b == nil {
+		return &Buffer{pool: p, ci: ci, off: off, mem: mem}, nil
+	}
+	b.mu.Lock()
+	b.ci, b.off, b.mem = ci, off, mem
+	b.mu.Unlock()
+	return b, nil
 }
 
-// alloc is get, also returning the chunk index and the offset in it of
-// the memory (what a Buffer keeps to expose and free it without a search).
-func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, err error) {
+// maxSpare bounds the handles the pool keeps for reuse.
+const maxSpare = 256
+
+// Recycle is Put for a buffer whose handle its caller alone holds (a
+// transport's send or receive buffer, which never leaves it): the pool
+// keeps the handle for a later Get or GetWait, which then allocates
+// none. The caller must not use the handle afterwards, not even to
+// release it: it may name another buffer by then.
+func (p *Pool) Recycle(b *Buffer) error {
+	if err := p.Put(b); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if len(p.spare) < maxSpare {
+		p.spare = append(p.spare, b)
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// alloc allocates n bytes and returns them with the chunk index and the
+// offset in it of the memory (what a Buffer keeps to expose and free it
+// without a search), and a recycled handle for them if there is one.
+func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, spare *Buffer, err error) {
 	if n <= 0 || n > ChunkSize {
-		return nil, 0, 0, fmt.Errorf("mrcache: allocate %d bytes (1..%d): %w", n, ChunkSize, verbs.ErrInvalidWR)
+		return nil, 0, 0, nil, fmt.Errorf("mrcache: allocate %d bytes (1..%d): %w", n, ChunkSize, verbs.ErrInvalidWR)
 	}
 	order := orderOf(n)
 	size := int64(MinBlock) << order
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, 0, 0, ErrClosed
+		return nil, 0, 0, nil, ErrClosed
 	}
 	if upper && p.upperInUse+size > p.upperMax {
 		p.stats.AllocFailures++
-		return nil, 0, 0, ErrNoMemory
+		return nil, 0, 0, nil, ErrNoMemory
 	}
 	k := order
 	for k <= maxOrder && p.heads[k] < 0 {
@@ -246,10 +278,10 @@ func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, err err
 			if upper {
 				p.stats.AllocFailures++
 			}
-			return nil, 0, 0, ErrNoMemory
+			return nil, 0, 0, nil, ErrNoMemory
 		}
 		if err := p.growLocked(); err != nil {
-			return nil, 0, 0, err
+			return nil, 0, 0, nil, err
 		}
 		k = maxOrder
 	}
@@ -268,7 +300,10 @@ func (p *Pool) alloc(n int, upper bool) (mem []byte, ci int, off uint64, err err
 	p.stats.Allocs++
 	ci = int(g / blocksPerChunk)
 	at := int(g%blocksPerChunk) * MinBlock
-	return p.chunks[ci].mem[at : at+n : at+n], ci, uint64(at), nil
+	if k := len(p.spare); k > 0 {
+		spare, p.spare = p.spare[k-1], p.spare[:k-1]
+	}
+	return p.chunks[ci].mem[at : at+n : at+n], ci, uint64(at), spare, nil
 }
 
 // growLocked maps and registers one more chunk.
@@ -284,7 +319,7 @@ func (p *Pool) growLocked() error {
 		_ = syscall.Munmap(mem)
 		return fmt.Errorf("mrcache: register a slab chunk: %w", err)
 	}
-	c := &chunk{mem: mem, base: uintptr(unsafe.Pointer(unsafe.SliceData(mem))), mr: mr}
+	c := &chunk{mem: mem, mr: mr}
 	first := int32(len(p.chunks) * blocksPerChunk)
 	p.chunks = append(p.chunks, c)
 	for range blocksPerChunk {
@@ -323,35 +358,19 @@ func (p *Pool) unlinkLocked(g int32) {
 	p.freeOrder[g] = -1
 }
 
-// locateLocked finds the chunk of b and b's offset in it.
-func (p *Pool) locateLocked(b []byte) (ci int, off uint64, ok bool) {
-	if len(b) == 0 {
-		return 0, 0, false
-	}
-	addr := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	for i, c := range p.chunks {
-		if addr >= c.base && addr+uintptr(len(b)) <= c.base+ChunkSize {
-			return i, uint64(addr - c.base), true
-		}
-	}
-	return 0, 0, false
-}
-
 // CountsPlacement reports whether the provider reports the bytes the peer
 // placed in an exposure (InvalidatePlaced's ok); see
 // verbs.ProtectionDomain.CountsPlacement.
 func (p *Pool) CountsPlacement() bool { return p.pd.CountsPlacement() }
 
-// Put returns a buffer that Get or GetWait returned (or a slice of it that
-// starts where it starts).
-func (p *Pool) Put(b []byte) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ci, off, ok := p.locateLocked(b)
-	if !ok || off%MinBlock != 0 {
-		return fmt.Errorf("mrcache: put: %w", ErrNotRegistered)
+// Put gives back a buffer that Get or GetWait returned (Buffer.Release):
+// a buffer of another pool, or one given back already, is an error, not
+// a free.
+func (p *Pool) Put(b *Buffer) error {
+	if b == nil || b.pool != p {
+		return fmt.Errorf("mrcache: put of another pool's buffer: %w", ErrNotRegistered)
 	}
-	return p.putLocked(ci, off)
+	return b.Release()
 }
 
 // putLocked frees the block at off in chunk ci.
@@ -385,24 +404,6 @@ func (p *Pool) putLocked(ci int, off uint64) error {
 	return nil
 }
 
-// Locate returns the registered region and offset of b if b lies in the
-// slab: a local scatter/gather element for a work request.
-func (p *Pool) Locate(b []byte) (verbs.SGE, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ci, off, ok := p.locateLocked(b)
-	if !ok || p.closed {
-		return verbs.SGE{}, false
-	}
-	return verbs.SGE{MR: p.chunks[ci].mr, Offset: off, Length: uint32(len(b))}, true
-}
-
-// Contains reports whether b is slab memory of this pool.
-func (p *Pool) Contains(b []byte) bool {
-	_, ok := p.Locate(b)
-	return ok
-}
-
 // Registration is one exposure of slab memory to the peer: the STag,
 // offset and length to advertise in a chunk segment. It must be ended
 // with Invalidate.
@@ -417,19 +418,6 @@ type Registration struct {
 	STag   uint32
 	Offset uint64 // the advertised offset of the first byte (0, or its address with a hardware provider)
 	Len    int
-}
-
-// Expose binds a fast-registration region to exactly b, which must be
-// slab memory, with the given access, under a new key (RFC 8166 s8.1).
-func (p *Pool) Expose(b []byte, access verbs.Access) (*Registration, error) {
-	p.mu.Lock()
-	ci, off, ok := p.locateLocked(b)
-	if !ok || p.closed {
-		p.mu.Unlock()
-		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", len(b), ErrNotRegistered)
-	}
-	p.mu.Unlock()
-	return p.exposeAt(ci, off, len(b), access)
 }
 
 // exposeAt binds a fast-registration region to n bytes at off in chunk

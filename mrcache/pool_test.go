@@ -14,7 +14,7 @@ import (
 func TestGetPutCoalesce(t *testing.T) {
 	pd := iwarp.NewProtectionDomain()
 	p := New(pd, ChunkSize)
-	var bufs [][]byte
+	var bufs []*Buffer
 	// Fill the chunk with 4 KiB blocks, then free them all: the buddies
 	// coalesce back into one chunk-sized block.
 	for range blocksPerChunk * upperShareNum / upperShareDen {
@@ -22,8 +22,8 @@ func TestGetPutCoalesce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(b) != 1 || cap(b) != 1 {
-			t.Fatalf("Get(1) returned len %d cap %d", len(b), cap(b))
+		if mem := b.Bytes(); len(mem) != 1 || cap(mem) != 1 {
+			t.Fatalf("Get(1) returned len %d cap %d", len(mem), cap(mem))
 		}
 		bufs = append(bufs, b)
 	}
@@ -59,11 +59,19 @@ func TestPutRejectsForeignMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Put(make([]byte, 10)); !errors.Is(err, ErrNotRegistered) {
-		t.Fatalf("Put of heap memory: %v", err)
+	other := New(iwarp.NewProtectionDomain(), 0)
+	foreign, err := other.Get(8192)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := p.Put(b[4096:]); !errors.Is(err, ErrNotRegistered) {
-		t.Fatalf("Put of the middle of a block: %v", err)
+	if err := p.Put(foreign); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("Put of another pool's buffer: %v", err)
+	}
+	if err := p.Put(nil); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("Put of nil: %v", err)
+	}
+	if err := other.Put(foreign); err != nil {
+		t.Fatal(err)
 	}
 	if err := p.Put(b); err != nil {
 		t.Fatal(err)
@@ -113,8 +121,8 @@ func TestExposeExactly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	win := buf[4096 : 4096+1000]
-	reg, err := p.Expose(win, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+	win := buf.Bytes()[4096 : 4096+1000]
+	reg, err := buf.Expose(4096, 1000, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +153,7 @@ func TestExposeExactly(t *testing.T) {
 	}
 	// The next exposure reuses the region under a new key: the old STag
 	// stays dead.
-	reg2, err := p.Expose(buf[:10], verbs.AccessRemoteRead)
+	reg2, err := buf.Expose(0, 10, verbs.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +167,8 @@ func TestExposeExactly(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 	reg2.Invalidate(context.Background())
-	if _, err := p.Expose(make([]byte, 10), verbs.AccessRemoteRead); !errors.Is(err, ErrNotRegistered) {
-		t.Fatalf("exposing heap memory: %v", err)
+	if _, err := buf.Expose(64<<10-9, 10, verbs.AccessRemoteRead); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("exposing past the buffer: %v", err)
 	}
 }
 
@@ -170,7 +178,7 @@ func TestInvalidateWaitsForPlacement(t *testing.T) {
 	pd := iwarp.NewProtectionDomain()
 	p := New(pd, 0)
 	buf, _ := p.Get(4096)
-	reg, err := p.Expose(buf, verbs.AccessRemoteWrite)
+	reg, err := buf.Expose(0, 4096, verbs.AccessRemoteWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,15 +222,15 @@ func BenchmarkFuseReadPath(b *testing.B) {
 		}
 		for off := 0; off < n; off += rsize {
 			wg.Add(1)
-			go func(s []byte) {
+			go func(off int) {
 				defer wg.Done()
-				reg, err := p.Expose(s, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+				reg, err := buf.Expose(off, min(n, off+rsize)-off, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 				if err != nil {
 					b.Error(err)
 					return
 				}
 				reg.Invalidate(context.Background())
-			}(buf[off:min(n, off+rsize)])
+			}(off)
 		}
 		wg.Wait()
 		p.Put(buf)
@@ -231,33 +239,59 @@ func BenchmarkFuseReadPath(b *testing.B) {
 	b.ReportMetric(100*s.ReuseRate(), "%reuse")
 }
 
-// TestExposeAllocationFree: taking a buffer, exposing it, invalidating
-// the exposure and giving the buffer back allocates nothing once the
-// pool is warm (the per-call path of every RDMA READ and WRITE).
+// TestExposeAllocationFree: exposing a lent buffer and invalidating the
+// exposure allocates nothing once the pool is warm (the per-call path of
+// every RDMA READ and WRITE into or from a FUSE buffer); taking a buffer
+// and giving it back allocates its handle only, and nothing when the
+// handle is recycled.
 func TestExposeAllocationFree(t *testing.T) {
 	p := New(iwarp.NewProtectionDomain(), 0)
 	if err := p.ReserveFastRegions(1); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	run := func() {
-		b, err := p.Get(128 << 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reg, err := p.Expose(b, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+	b, err := p.Get(128 << 10) // maps the first chunk
+	if err != nil {
+		t.Fatal(err)
+	}
+	expose := func() {
+		reg, err := b.Expose(0, 128<<10, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := reg.Invalidate(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if allocs := testing.AllocsPerRun(100, expose); allocs != 0 {
+		t.Fatalf("%v allocations per Expose+Invalidate", allocs)
+	}
+	if err := p.Put(b); err != nil {
+		t.Fatal(err)
+	}
+	lend := func() {
+		b, err := p.GetWait(ctx, 128<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := p.Put(b); err != nil {
 			t.Fatal(err)
 		}
 	}
-	run() // maps the first chunk
-	if allocs := testing.AllocsPerRun(100, run); allocs != 0 {
-		t.Fatalf("%v allocations per Get+Expose+Invalidate+Put", allocs)
+	if allocs := testing.AllocsPerRun(100, lend); allocs > 1 {
+		t.Fatalf("%v allocations per GetWait+Put, want the handle's only", allocs)
+	}
+	recycle := func() {
+		b, err := p.GetWait(ctx, 128<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Recycle(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recycle() // the first handle to recycle
+	if allocs := testing.AllocsPerRun(100, recycle); allocs != 0 {
+		t.Fatalf("%v allocations per GetWait+Recycle", allocs)
 	}
 }

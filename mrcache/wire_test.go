@@ -84,19 +84,20 @@ func TestExposedWindowOverWire(t *testing.T) {
 	if err := p.ReserveFastRegions(1); err != nil {
 		t.Fatal(err)
 	}
-	buf, err := p.Get(64 << 10)
+	lent, err := p.Get(64 << 10)
 	if err != nil {
 		t.Fatal(err)
 	}
+	buf := lent.Bytes()
 	const lo, hi = 8192, 8192 + 4096
 	const guard, fill = 0xa5, 0x3c
 	for i := range buf {
 		buf[i] = guard
 	}
 	rw := verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessLocalWrite
-	expose := func(b []byte) *Registration {
+	expose := func(lo, hi int) *Registration {
 		t.Helper()
-		r, err := p.Expose(b, rw)
+		r, err := lent.Expose(lo, hi-lo, rw)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +113,7 @@ func TestExposedWindowOverWire(t *testing.T) {
 	}
 
 	// The window itself: written and read back whole.
-	reg := expose(buf[lo:hi])
+	reg := expose(lo, hi)
 	peer, ours := wirePair(t, pd)
 	if st := peerOp(t, peer, verbs.OpRDMAWrite, reg.STag, reg.Offset, hi-lo, fill); st != verbs.StatusSuccess {
 		t.Fatalf("write of the window: %v", st)
@@ -158,7 +159,7 @@ func TestExposedWindowOverWire(t *testing.T) {
 			if tc.stale {
 				wlo, whi = hi, hi+4096
 			}
-			reg := expose(buf[wlo:whi])
+			reg := expose(wlo, whi)
 			defer reg.Invalidate(context.Background())
 			if reg.STag>>8 != stale>>8 || reg.STag == stale {
 				t.Fatalf("re-exposure STag %#x, first %#x: want the same index, another key", reg.STag, stale)
@@ -188,7 +189,7 @@ func TestExposedWindowOverWire(t *testing.T) {
 	if pd.LiveRemoteRegions() != 0 {
 		t.Fatalf("%d regions with remote access left", pd.LiveRemoteRegions())
 	}
-	if err := p.Put(buf); err != nil {
+	if err := p.Put(lent); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
 // commitAfter is how many bytes a File writes unstable before it commits
@@ -199,7 +200,7 @@ func (f *File) readAt(ctx context.Context, p []byte, off int64) (int, error) {
 	total := 0
 	for total < len(p) {
 		chunk := p[total:min(len(p), total+f.c.nfs.RSize())]
-		n, eof, err := f.c.nfs.Read(ctx, f.c.cred, f.fh, f.of.StateID, uint64(off)+uint64(total), chunk, nil)
+		n, eof, err := f.c.nfs.Read(ctx, f.c.cred, f.fh, f.of.StateID, uint64(off)+uint64(total), oncrpc.Plain(chunk))
 		total += n
 		if err != nil {
 			return total, pathErr("read", f.name, err)
@@ -283,7 +284,7 @@ func (f *File) writeAt(ctx context.Context, p []byte, off int64) (int, error) {
 	f.wmu.Lock()
 	defer f.wmu.Unlock()
 	// The writer keeps the data until a COMMIT says it is stable.
-	if err := f.w.WriteAt(ctx, bytes.Clone(p), nil, uint64(off), nil); err != nil {
+	if err := f.w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(p)), uint64(off), nil); err != nil {
 		return 0, pathErr("write", f.name, err)
 	}
 	if err := f.w.Flush(); err != nil {

@@ -36,7 +36,7 @@ func BenchmarkReadCompound(b *testing.B) {
 		cp.reset(rpc, oncrpc.AuthNone, "")
 		cp.sequence(testSession, 7, 3, 5)
 		cp.putFH(fh)
-		cp.read(StateID{}, 0, dest, nil, &out)
+		cp.read(StateID{}, 0, oncrpc.Plain(dest), &out)
 		cp.call()
 		if err := r.init(&cp, rep); err != nil {
 			b.Fatal(err)

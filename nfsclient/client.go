@@ -439,7 +439,7 @@ func (c *Client) traceCompound(cp *compound, call *oncrpc.Call, st Status, err e
 		res = err.Error()
 	}
 	c.tracer.Printf(trace.NFS, "xid=%#08x %s len=%d bulk=%d status=%s time=%v",
-		cp.xid, strings.Join(names, "|"), call.Len(), len(call.Bulk), res, time.Since(start).Round(time.Microsecond))
+		cp.xid, strings.Join(names, "|"), call.Len(), call.Bulk.Len(), res, time.Since(start).Round(time.Microsecond))
 }
 
 func retryDelay(attempt int) time.Duration {

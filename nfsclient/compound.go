@@ -78,13 +78,13 @@ type compound struct {
 	ops    []uint32
 	decs   []nfsOp // per op: its result decoder; nil for a void result
 	softAt int     // from this op on, a failure ends decoding without error; 0: none
-	bulk   []byte  // WRITE data, sent between Head and Tail
-	split  int     // where bulk goes in e; valid when bulk != nil
-	dest   []byte  // READ/READLINK destination
-	maxRep int     // estimated reply size beyond dest
-	// The registered memory bulk and dest lie in (nil: ordinary memory),
-	// for the transport to move them where they are (oncrpc.Call).
-	bulkMem, destMem oncrpc.Registered
+	// bulk is the WRITE data, sent between Head and Tail; dest the
+	// READ destination. Views of registered memory the transport moves
+	// where they are (oncrpc.Call).
+	bulk   oncrpc.View
+	split  int         // where bulk goes in e; valid when bulk is not zero
+	dest   oncrpc.View // READ destination
+	maxRep int         // estimated reply size beyond dest
 
 	// cacheThis asks the server to keep the reply in the slot's replay
 	// cache; set for compounds that are not idempotent, so a
@@ -122,8 +122,7 @@ func (c *compound) resetMinor(rpc *oncrpc.Client, cred oncrpc.Credential, tag st
 	clear(c.decs)
 	c.decs = c.decs[:0]
 	c.softAt = 0
-	c.bulk, c.dest, c.maxRep = nil, nil, 0
-	c.bulkMem, c.destMem = nil, nil
+	c.bulk, c.dest, c.maxRep = oncrpc.View{}, oncrpc.View{}, 0
 	c.cacheThis, c.cacheAt = false, 0
 	c.err = nil
 	clear(c.attrs[:c.nattr]) // rd and wr are set whole when used
@@ -168,10 +167,9 @@ func (c *compound) call() *oncrpc.Call {
 		c.e.PutUint32At(c.cacheAt, 1)
 	}
 	b := c.e.Bytes()
-	c.rpcCall = oncrpc.Call{XID: c.xid, Head: b, ReplyBulk: c.dest, ReplyBulkMem: c.destMem, MaxReplySize: c.maxRep + 256}
-	if c.bulk != nil {
+	c.rpcCall = oncrpc.Call{XID: c.xid, Head: b, ReplyBulk: c.dest, MaxReplySize: c.maxRep + 256}
+	if !c.bulk.IsZero() {
 		c.rpcCall.Head, c.rpcCall.Bulk, c.rpcCall.Tail = b[:c.split], c.bulk, b[c.split:]
-		c.rpcCall.BulkMem = c.bulkMem
 	}
 	return &c.rpcCall
 }
@@ -194,7 +192,7 @@ type results struct {
 
 func (r *results) init(c *compound, rep *oncrpc.Reply) error {
 	r.d.Reset(rep.Results)
-	r.ops, r.i, r.placed, r.nplace, r.dest, r.copied, r.held = c.ops, 0, rep.BulkPlaced, rep.BulkLen, c.dest, 0, nil
+	r.ops, r.i, r.placed, r.nplace, r.dest, r.copied, r.held = c.ops, 0, rep.BulkPlaced, rep.BulkLen, c.dest.Bytes(), 0, nil
 	r.status = Status(r.d.Uint32())
 	r.d.Opaque(maxTagLen)
 	r.nres = r.d.Length(maxCompoundOps)
@@ -406,11 +404,11 @@ func (o *readOp) decodeRes(r *results) error {
 	return nil
 }
 
-// read adds a READ of len(dest) bytes at off into dest, which lies in
-// mem (nil: ordinary memory); the result goes to out.
-func (c *compound) read(sid StateID, off uint64, dest []byte, mem oncrpc.Registered, out *readOut) {
-	c.rd = readOp{args: read4args{stateid: sid, offset: off, count: uint32(len(dest))}, out: out}
-	c.dest, c.destMem = dest, mem
+// read adds a READ of dest.Len() bytes at off into dest; the result goes
+// to out.
+func (c *compound) read(sid StateID, off uint64, dest oncrpc.View, out *readOut) {
+	c.rd = readOp{args: read4args{stateid: sid, offset: off, count: uint32(dest.Len())}, out: out}
+	c.dest = dest
 	c.add(&c.rd)
 }
 
@@ -428,7 +426,7 @@ type writeOp struct {
 	sid    StateID
 	off    uint64
 	stable Stable
-	data   []byte
+	data   oncrpc.View
 	res    *write4resok
 }
 
@@ -438,28 +436,26 @@ func (o *writeOp) encodeArgs(cp *compound) {
 	o.sid.encode(&cp.e)
 	cp.e.Uint64(o.off)
 	cp.e.Uint32(uint32(o.stable))
-	cp.e.Uint32(uint32(len(o.data)))
+	cp.e.Uint32(uint32(o.data.Len()))
 	cp.split = cp.e.Len()
 	cp.bulk = o.data
-	if o.data == nil {
-		cp.bulk = []byte{}
+	if o.data.IsZero() {
+		cp.bulk = oncrpc.Plain([]byte{})
 	}
 }
 
 func (o *writeOp) decodeRes(r *results) error {
 	o.res.decode(&r.d)
-	if r.d.Err() == nil && int(o.res.count) > len(o.data) {
-		return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, len(o.data), o.res.count)
+	if r.d.Err() == nil && int(o.res.count) > o.data.Len() {
+		return fmt.Errorf("%w: WRITE of %d bytes reports %d written", ErrProtocol, o.data.Len(), o.res.count)
 	}
 	return nil
 }
 
-// write adds a WRITE of data at off, which lies in mem (nil: ordinary
-// memory); its result goes to res.
-func (c *compound) write(sid StateID, off uint64, stable Stable, data []byte, mem oncrpc.Registered, res *write4resok) {
+// write adds a WRITE of data at off; its result goes to res.
+func (c *compound) write(sid StateID, off uint64, stable Stable, data oncrpc.View, res *write4resok) {
 	c.wr = writeOp{sid: sid, off: off, stable: stable, data: data, res: res}
 	c.add(&c.wr)
-	c.bulkMem = mem
 }
 
 // Verifier is a write verifier (RFC 8881 s18.32.3).

@@ -27,7 +27,7 @@ func readCompound(cp *compound, rpc *oncrpc.Client, dest []byte) {
 	cp.reset(rpc, oncrpc.AuthNone, "")
 	cp.sequence(testSession, 7, 3, 5)
 	cp.putFH([]byte{0xaa, 0xbb, 0xcc})
-	cp.read(StateID{Seq: 1, Other: [12]byte{9}}, 0x1000, dest, nil, new(readOut))
+	cp.read(StateID{Seq: 1, Other: [12]byte{9}}, 0x1000, oncrpc.Plain(dest), new(readOut))
 }
 
 func TestReadCompoundGolden(t *testing.T) {
@@ -46,8 +46,8 @@ func TestReadCompoundGolden(t *testing.T) {
 	if got != want {
 		t.Fatalf("READ compound\n got %s\nwant %s", got, want)
 	}
-	if call.ReplyBulk == nil || len(call.ReplyBulk) != 4096 || call.Bulk != nil {
-		t.Fatalf("READ call hints: bulk %v replybulk %d", call.Bulk != nil, len(call.ReplyBulk))
+	if call.ReplyBulk.IsZero() || call.ReplyBulk.Len() != 4096 || !call.Bulk.IsZero() {
+		t.Fatalf("READ call hints: bulk %v replybulk %d", !call.Bulk.IsZero(), call.ReplyBulk.Len())
 	}
 }
 
@@ -58,11 +58,11 @@ func TestWriteCompoundSplitsBulk(t *testing.T) {
 	cp.sequence(testSession, 1, 0, 0)
 	cp.putFH([]byte{1})
 	data := []byte("hello")
-	cp.write(StateID{}, 8, Unstable, data, nil, new(write4resok))
+	cp.write(StateID{}, 8, Unstable, oncrpc.Plain(data), new(write4resok))
 	cp.getAttr(fileAttrs, nil)
 	call := cp.call()
-	if !bytes.Equal(call.Bulk, data) {
-		t.Fatalf("bulk %q", call.Bulk)
+	if !bytes.Equal(call.Bulk.Bytes(), data) {
+		t.Fatalf("bulk %q", call.Bulk.Bytes())
 	}
 	// Head ends with the data length word; Tail starts with GETATTR.
 	if l := call.Head[len(call.Head)-4:]; !bytes.Equal(l, []byte{0, 0, 0, 5}) {

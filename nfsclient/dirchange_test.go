@@ -30,7 +30,7 @@ func TestDirChange(t *testing.T) {
 		if !of.Dir.AttrOK || of.Dir.Attr.FileID != m.Attr.FileID || of.Dir.Before == of.Dir.After || of.Dir.Attr.Change != of.Dir.After {
 			t.Errorf("open(create): directory %+v (ok %v), change_info %d -> %d", of.Dir.Attr, of.Dir.AttrOK, of.Dir.Before, of.Dir.After)
 		}
-		wr, err := c.WriteGetAttr(ctx, rootCred, of.FH, of.StateID, 0, []byte("hello"), nil, FileSync)
+		wr, err := c.WriteGetAttr(ctx, rootCred, of.FH, of.StateID, 0, oncrpc.Plain([]byte("hello")), FileSync)
 		if err != nil {
 			t.Fatal(err)
 		}

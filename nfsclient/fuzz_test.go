@@ -34,7 +34,7 @@ func FuzzCompoundReply(f *testing.F) {
 		setAttr := &setAttrOp{args: setattr4args{objAttributes: &SetAttr{}}}
 		switch shape % 6 {
 		case 0:
-			cp.read(StateID{}, 0, dest, nil, new(readOut))
+			cp.read(StateID{}, 0, oncrpc.Plain(dest), new(readOut))
 		case 1:
 			cp.getAttr(fileAttrs, nil)
 		case 2:
@@ -42,7 +42,7 @@ func FuzzCompoundReply(f *testing.F) {
 		case 3:
 			cp.add(open, gfh)
 		case 4:
-			cp.write(StateID{}, 0, Unstable, []byte("x"), nil, &wres)
+			cp.write(StateID{}, 0, Unstable, oncrpc.Plain([]byte("x")), &wres)
 		case 5:
 			cp.add(setAttr)
 			cp.getAttr(fileAttrs, nil)

@@ -195,7 +195,7 @@ func readAll(ctx context.Context, t *testing.T, c *Client, of *OpenFile, size in
 	out := make([]byte, size+1)
 	off := 0
 	for {
-		n, eof, err := c.Read(ctx, rootCred, of.FH, of.StateID, uint64(off), out[off:min(off+c.RSize(), len(out))], nil)
+		n, eof, err := c.Read(ctx, rootCred, of.FH, of.StateID, uint64(off), oncrpc.Plain(out[off:min(off+c.RSize(), len(out))]))
 		if err != nil {
 			t.Fatalf("read at %d: %v", off, err)
 		}
@@ -250,7 +250,7 @@ func TestFileWriteReadTruncate(t *testing.T) {
 			}
 			data := pattern(size, uint64(i))
 			w := c.NewUnstableWriter(rootCred, of, 4)
-			if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
+			if err := w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(data)), 0, nil); err != nil {
 				t.Fatalf("write %s: %v", name, err)
 			}
 			if err := w.Commit(ctx); err != nil {
@@ -294,7 +294,7 @@ func TestNamespaceOps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, []byte("hello"), nil, FileSync); err != nil {
+		if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, oncrpc.Plain([]byte("hello")), FileSync); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.CloseFile(ctx, rootCred, of); err != nil {
@@ -559,7 +559,7 @@ func writeThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
 	of := createFile(ctx, t, c, dir, "big")
 	data := pattern(10<<20, 99)
 	w := c.NewUnstableWriter(rootCred, of, 4)
-	if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
+	if err := w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(data)), 0, nil); err != nil {
 		t.Fatalf("write: %v", err)
 	}
 	if err := w.Commit(ctx); err != nil {
@@ -680,14 +680,14 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	pool := tr.Buffers()
 	before := tr.Stats()
 	data := pattern(1<<20, 5)
-	srcMem, err := pool.Alloc(c.WSize())
+	srcMem, err := pool.Get(c.WSize())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srcMem.Release()
 	src := srcMem.Bytes()
 	copy(src, data)
-	if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, src, srcMem, FileSync); err != nil {
+	if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, 0, oncrpc.Lent(srcMem), FileSync); err != nil {
 		t.Fatal(err)
 	}
 	live("WRITE")
@@ -698,13 +698,13 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	if st.BytesCopied != before.BytesCopied {
 		t.Fatalf("WRITE from registered memory: the transport copied %d bytes", st.BytesCopied-before.BytesCopied)
 	}
-	destMem, err := pool.Alloc(c.WSize())
+	destMem, err := pool.Get(c.WSize())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer destMem.Release()
 	dest := destMem.Bytes()
-	n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 0, dest, destMem)
+	n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 0, oncrpc.Lent(destMem))
 	if err != nil || n != len(dest) || !bytes.Equal(dest, data[:n]) {
 		t.Fatalf("READ: n=%d err=%v (data equal: %v)", n, err, bytes.Equal(dest[:n], data[:n]))
 	}
@@ -720,7 +720,7 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	// inline): the chunk has no room for padding and the server
 	// writes exactly 1001 (RFC 8166 s3.4.6).
 	small := make([]byte, 1001)
-	if n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 3, small, nil); err != nil || n != 1001 || !bytes.Equal(small, data[3:1004]) {
+	if n, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 3, oncrpc.Plain(small)); err != nil || n != 1001 || !bytes.Equal(small, data[3:1004]) {
 		t.Fatalf("1001-byte READ: n=%d err=%v", n, err)
 	}
 	live("small READ")
@@ -730,7 +730,7 @@ func checkRDMAChunks(t *testing.T, c *Client, tr *rpcrdma.Transport) {
 	// Reading again into a slice of the same buffer, as FUSE's rsize
 	// slices are: the exposure reuses a fast-registration region.
 	mem := tr.Stats().Memory
-	if _, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 4096, dest[4096:8192], destMem); err != nil {
+	if _, _, err := c.Read(ctx, rootCred, of.FH, of.StateID, 4096, oncrpc.Lent(destMem).Slice(4096, 8192)); err != nil {
 		t.Fatal(err)
 	}
 	live("second READ")
@@ -884,7 +884,7 @@ func TestCommitVerifierChangeResends(t *testing.T) {
 	of := createFile(ctx, t, c, dir, "f")
 	data := pattern(3<<20, 11)
 	w := c.NewUnstableWriter(rootCred, of, 4)
-	if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
+	if err := w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(data)), 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	flip.armed.Store(true)

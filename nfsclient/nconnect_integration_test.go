@@ -99,7 +99,7 @@ func nconnectThroughCut(t *testing.T, p peer, serverCut func(net.Conn)) {
 	of := createFile(ctx, t, c, dir, "big")
 	data := pattern(10<<20, 23)
 	w := c.NewUnstableWriter(rootCred, of, 8)
-	if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, nil); err != nil {
+	if err := w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(data)), 0, nil); err != nil {
 		t.Fatalf("write: %v", err)
 	}
 	if err := w.Commit(ctx); err != nil {

@@ -19,7 +19,7 @@ func writeAt(ctx context.Context, t *testing.T, c *Client, of *OpenFile, off uin
 	t.Helper()
 	for len(data) > 0 {
 		n := min(len(data), c.WSize())
-		r, err := c.Write(ctx, rootCred, of.FH, of.StateID, off, data[:n], nil, FileSync)
+		r, err := c.Write(ctx, rootCred, of.FH, of.StateID, off, oncrpc.Plain(data[:n]), FileSync)
 		if err != nil || r.Count == 0 {
 			t.Fatalf("write at %d: %d, %v", off, r.Count, err)
 		}
@@ -34,7 +34,7 @@ func readRange(ctx context.Context, t *testing.T, c *Client, of *OpenFile, off u
 	out := make([]byte, n)
 	got := 0
 	for got < n {
-		m, eof, err := c.Read(ctx, rootCred, of.FH, of.StateID, off+uint64(got), out[got:min(n, got+c.RSize())], nil)
+		m, eof, err := c.Read(ctx, rootCred, of.FH, of.StateID, off+uint64(got), oncrpc.Plain(out[got:min(n, got+c.RSize())]))
 		if err != nil {
 			t.Fatalf("read at %d: %v", off+uint64(got), err)
 		}

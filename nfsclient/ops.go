@@ -226,15 +226,15 @@ func (c *Client) CloseFile(ctx context.Context, cred oncrpc.Credential, of *Open
 	})
 }
 
-// Read reads up to len(dest) bytes at off into dest, which lies in mem:
-// registered memory the transport lent (oncrpc.Registered), or nil for
-// ordinary memory. The transport places the data in registered memory
-// directly (an RDMA Write chunk); into ordinary memory it copies.
-func (c *Client) Read(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, dest []byte, mem oncrpc.Registered) (n int, eof bool, err error) {
+// Read reads up to dest.Len() bytes at off into dest: a view of
+// registered memory the transport lent (oncrpc.Lent), or of ordinary
+// memory (oncrpc.Plain). The transport places the data in registered
+// memory directly (an RDMA Write chunk); into ordinary memory it copies.
+func (c *Client) Read(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, dest oncrpc.View) (n int, eof bool, err error) {
 	var out readOut
 	err = c.do(ctx, cred, func(cp *compound) {
 		cp.putFH(fh)
-		cp.read(c.sid(cp, sid), off, dest, mem, &out)
+		cp.read(c.sid(cp, sid), off, dest, &out)
 	})
 	return out.n, out.eof, err
 }
@@ -248,7 +248,7 @@ func (c *Client) ReadInPlace(ctx context.Context, cred oncrpc.Credential, fh []b
 	out := readOut{held: &release}
 	err = c.do(ctx, cred, func(cp *compound) {
 		cp.putFH(fh)
-		cp.read(c.sid(cp, sid), off, dest, nil, &out)
+		cp.read(c.sid(cp, sid), off, oncrpc.Plain(dest), &out)
 	})
 	if err != nil {
 		return nil, nil, false, err
@@ -271,26 +271,26 @@ func (wr *WriteResult) set(res *write4resok) {
 	wr.Count, wr.Committed, wr.Verifier = res.count, res.committed, res.writeverf
 }
 
-// Write writes data at off with the given stability. data lies in mem,
-// as for Read: from registered memory the server takes it where it is
-// (a Read chunk over RDMA); ordinary memory the transport copies.
-func (c *Client) Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, mem oncrpc.Registered, stable Stable) (WriteResult, error) {
-	return c.write(ctx, cred, fh, sid, off, data, mem, stable, false)
+// Write writes data at off with the given stability. As for Read, from
+// a view of registered memory the server takes the data where it is (a
+// Read chunk over RDMA); ordinary memory the transport copies.
+func (c *Client) Write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data oncrpc.View, stable Stable) (WriteResult, error) {
+	return c.write(ctx, cred, fh, sid, off, data, stable, false)
 }
 
 // WriteGetAttr is Write with the file's attributes after it folded into
 // the same COMPOUND (PUTFH, WRITE, GETATTR), as the Linux client's WRITE
 // asks for them (nfs4_xdr_enc_write) so no GETATTR has to follow.
-func (c *Client) WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, mem oncrpc.Registered, stable Stable) (WriteResult, error) {
-	return c.write(ctx, cred, fh, sid, off, data, mem, stable, true)
+func (c *Client) WriteGetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data oncrpc.View, stable Stable) (WriteResult, error) {
+	return c.write(ctx, cred, fh, sid, off, data, stable, true)
 }
 
-func (c *Client) write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, mem oncrpc.Registered, stable Stable, getAttr bool) (WriteResult, error) {
+func (c *Client) write(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data oncrpc.View, stable Stable, getAttr bool) (WriteResult, error) {
 	var wr WriteResult
 	var res write4resok
 	err := c.do(ctx, cred, func(cp *compound) {
 		cp.putFH(fh)
-		cp.write(c.sid(cp, sid), off, stable, data, mem, &res)
+		cp.write(c.sid(cp, sid), off, stable, data, &res)
 		if getAttr {
 			cp.optional()
 			cp.getAttr(fileAttrs, &wr.Attr, &wr.AttrOK)
@@ -311,14 +311,14 @@ func (c *Client) write(ctx context.Context, cred oncrpc.Credential, fh []byte, s
 // WriteResult.Count is zero when the WRITE did not succeed; when it did
 // and the SETATTR failed, the error is the SETATTR's and the data is
 // written. The returned Attr is the file's after both.
-func (c *Client) WriteSetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data []byte, mem oncrpc.Registered, stable Stable, setSID StateID, sa *SetAttr) (WriteResult, Attr, error) {
+func (c *Client) WriteSetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid StateID, off uint64, data oncrpc.View, stable Stable, setSID StateID, sa *SetAttr) (WriteResult, Attr, error) {
 	var wr WriteResult
 	var a Attr
 	var res write4resok
 	err := c.do(ctx, cred, func(cp *compound) {
 		res = write4resok{}
 		cp.putFH(fh)
-		cp.write(c.sid(cp, sid), off, stable, data, mem, &res)
+		cp.write(c.sid(cp, sid), off, stable, data, &res)
 		cp.add(&setAttrOp{args: setattr4args{stateid: c.sid(cp, setSID), objAttributes: sa}})
 		cp.getAttr(fileAttrs, &a, &wr.AttrOK)
 	})

@@ -46,7 +46,7 @@ func BenchmarkRatioReadPlusRead(b *testing.B) {
 					n = 1 << 20
 				}
 				for off := 0; off < n; off += c.WSize() {
-					if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, uint64(off), data[off:min(n, off+c.WSize())], nil, FileSync); err != nil {
+					if _, err := c.Write(ctx, rootCred, of.FH, of.StateID, uint64(off), oncrpc.Plain(data[off:min(n, off+c.WSize())]), FileSync); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -62,7 +62,7 @@ func BenchmarkRatioReadPlusRead(b *testing.B) {
 						if plus {
 							m, _, _, err = c.ReadPlus(ctx, rootCred, of.FH, of.StateID, uint64(off), buf)
 						} else {
-							m, _, err = c.Read(ctx, rootCred, of.FH, of.StateID, uint64(off), buf, nil)
+							m, _, err = c.Read(ctx, rootCred, of.FH, of.StateID, uint64(off), oncrpc.Plain(buf))
 						}
 						if err != nil || m == 0 {
 							b.Fatalf("read at %d: %d, %v", off, m, err)

@@ -59,7 +59,7 @@ func restartRecovery(t *testing.T, p, observer peer, restart func(context.Contex
 	data := pattern(8<<20, 42)
 	half := len(data) / 2
 	w := a.NewUnstableWriter(rootCred, of, 4)
-	if err := w.WriteAt(ctx, bytes.Clone(data[:half]), nil, 0, nil); err != nil {
+	if err := w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(data[:half])), 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Flush(); err != nil {
@@ -72,7 +72,7 @@ func restartRecovery(t *testing.T, p, observer peer, restart func(context.Contex
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if werr = w.WriteAt(ctx, bytes.Clone(data[half:]), nil, uint64(half), nil); werr == nil {
+		if werr = w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(data[half:])), uint64(half), nil); werr == nil {
 			werr = w.Flush()
 		}
 	}()
@@ -226,7 +226,7 @@ func TestKnfsdRestartReclaimRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := a.NewUnstableWriter(rootCred, of, 4)
-	if err := w.WriteAt(ctx, pattern(1<<20, 3), nil, 0, nil); err != nil {
+	if err := w.WriteAt(ctx, oncrpc.Plain(pattern(1<<20, 3)), 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Flush(); err != nil {
@@ -251,10 +251,10 @@ func TestKnfsdRestartReclaimRefused(t *testing.T) {
 	if !errors.Is(err, ErrStateLost) || Errno(err) != syscall.EIO {
 		t.Errorf("commit of unstable writes after a refused reclaim: %v (errno %v), want ErrStateLost (EIO)", err, Errno(err))
 	}
-	if _, err := a.Write(ctx, rootCred, of.FH, of.StateID, 0, []byte("x"), nil, FileSync); !errors.Is(err, ErrStateLost) {
+	if _, err := a.Write(ctx, rootCred, of.FH, of.StateID, 0, oncrpc.Plain([]byte("x")), FileSync); !errors.Is(err, ErrStateLost) {
 		t.Errorf("write after a refused reclaim: %v, want ErrStateLost", err)
 	}
-	if _, _, err := a.Read(ctx, rootCred, of.FH, of.StateID, 0, make([]byte, 10), nil); !errors.Is(err, ErrStateLost) {
+	if _, _, err := a.Read(ctx, rootCred, of.FH, of.StateID, 0, oncrpc.Plain(make([]byte, 10))); !errors.Is(err, ErrStateLost) {
 		t.Errorf("read after a refused reclaim: %v, want ErrStateLost", err)
 	}
 	if rs := a.Recovery(); rs.LostOpens != 1 || rs.ReclaimedOpens != 0 {

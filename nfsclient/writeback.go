@@ -65,7 +65,7 @@ func (w *UnstableWriter) Resent() int {
 
 type pendingWrite struct {
 	off  uint64
-	data []byte
+	data oncrpc.View
 	verf Verifier
 	buf  *bufRef
 	seq  uint64 // order of the WriteAt piece it belongs to
@@ -75,7 +75,6 @@ type pendingWrite struct {
 // release runs when the last one is done (written stably, or committed).
 type bufRef struct {
 	n       atomic.Int32
-	mem     oncrpc.Registered // what the data lies in (nil: ordinary memory)
 	release func()
 }
 
@@ -115,18 +114,18 @@ func (w *UnstableWriter) BackgroundCommits() int {
 	return w.bgCommits
 }
 
-// WriteAt starts writing data at off, in WSize pieces. data lies in mem,
-// as for Client.Write. The writer owns data from now on: the caller must
+// WriteAt starts writing data at off, in WSize pieces; data is a view as
+// for Client.Write. The writer owns data from now on: the caller must
 // not change it. release, if not nil, runs once the writer no longer
 // needs data: every piece was written stably or committed, or Discard
 // dropped it.
-func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, mem oncrpc.Registered, off uint64, release func()) error {
-	ref := &bufRef{mem: mem, release: release}
-	ref.n.Store(int32((len(data)+w.c.wsize-1)/w.c.wsize) + 1)
+func (w *UnstableWriter) WriteAt(ctx context.Context, data oncrpc.View, off uint64, release func()) error {
+	ref := &bufRef{release: release}
+	ref.n.Store(int32((data.Len()+w.c.wsize-1)/w.c.wsize) + 1)
 	defer ref.done() // the reference WriteAt holds while it starts pieces
-	for len(data) > 0 {
-		n := min(len(data), w.c.wsize)
-		piece := data[:n]
+	for data.Len() > 0 {
+		n := min(data.Len(), w.c.wsize)
+		piece := data.Slice(0, n)
 		err := w.waitCommitting(ctx)
 		var seq uint64
 		if err == nil {
@@ -141,7 +140,7 @@ func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, mem oncrpc.Re
 			}
 		}
 		if err != nil {
-			for range (len(data) + w.c.wsize - 1) / w.c.wsize {
+			for range (data.Len() + w.c.wsize - 1) / w.c.wsize {
 				ref.done()
 			}
 			return err
@@ -150,7 +149,7 @@ func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, mem oncrpc.Re
 		go func(off uint64) {
 			defer w.wg.Done()
 			defer func() { <-w.sem }()
-			defer w.unreserve(off, off+uint64(len(piece)))
+			defer w.unreserve(off, off+uint64(piece.Len()))
 			err := w.write(ctx, off, piece, Unstable, ref, seq)
 			if err != nil {
 				w.mu.Lock()
@@ -160,7 +159,7 @@ func (w *UnstableWriter) WriteAt(ctx context.Context, data []byte, mem oncrpc.Re
 				w.mu.Unlock()
 			}
 		}(off)
-		data = data[n:]
+		data = data.Slice(n, data.Len())
 		off += uint64(n)
 	}
 	return w.firstErr()
@@ -238,14 +237,10 @@ func (w *UnstableWriter) unreserve(off, end uint64) {
 // write sends one WRITE, repeating it for a short count, and remembers
 // unstable data for the next COMMIT. ref counts data as one piece: it is
 // done when no part of data is pending any more.
-func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, stable Stable, ref *bufRef, seq uint64) error {
+func (w *UnstableWriter) write(ctx context.Context, off uint64, data oncrpc.View, stable Stable, ref *bufRef, seq uint64) error {
 	kept := false
-	for len(data) > 0 {
-		var mem oncrpc.Registered
-		if ref != nil {
-			mem = ref.mem
-		}
-		res, err := w.c.Write(ctx, w.cred, w.fh, w.sid, off, data, mem, stable)
+	for data.Len() > 0 {
+		res, err := w.c.Write(ctx, w.cred, w.fh, w.sid, off, data, stable)
 		if err != nil {
 			if !kept {
 				ref.done()
@@ -258,7 +253,7 @@ func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, sta
 			}
 			return fmt.Errorf("write at %d: %w: server wrote 0 bytes", off, ErrProtocol)
 		}
-		done := data[:res.Count]
+		done := data.Slice(0, int(res.Count))
 		if res.Committed == Unstable {
 			if kept {
 				ref.n.Add(1) // one more pending part of the same piece
@@ -266,11 +261,11 @@ func (w *UnstableWriter) write(ctx context.Context, off uint64, data []byte, sta
 			kept = true
 			w.mu.Lock()
 			w.pending = append(w.pending, pendingWrite{off: off, data: done, verf: res.Verifier, buf: ref, seq: seq})
-			w.pendingBytes += len(done)
+			w.pendingBytes += done.Len()
 			w.maybeCommitLocked(ctx)
 			w.mu.Unlock()
 		}
-		data = data[res.Count:]
+		data = data.Slice(int(res.Count), data.Len())
 		off += uint64(res.Count)
 	}
 	if !kept {
@@ -309,7 +304,7 @@ func (w *UnstableWriter) commitBackground(ctx context.Context, batch []pendingWr
 		w.bgOff = true
 		w.pending = append(batch, w.pending...)
 		for _, p := range batch {
-			w.pendingBytes += len(p.data)
+			w.pendingBytes += p.data.Len()
 		}
 		if err != nil {
 			w.c.trace("background COMMIT: %v", err)
@@ -379,7 +374,7 @@ func (w *UnstableWriter) Commit(ctx context.Context) error {
 			w.mu.Lock()
 			w.pending = append(pending, w.pending...)
 			for _, p := range pending {
-				w.pendingBytes += len(p.data)
+				w.pendingBytes += p.data.Len()
 			}
 			w.mu.Unlock()
 			return fmt.Errorf("commit: %w", err)
@@ -437,7 +432,7 @@ func (w *UnstableWriter) Pending() int {
 	defer w.mu.Unlock()
 	n := 0
 	for _, p := range w.pending {
-		n += len(p.data)
+		n += p.data.Len()
 	}
 	return n
 }

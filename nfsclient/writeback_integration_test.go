@@ -29,7 +29,7 @@ func TestBackgroundCommit(t *testing.T) {
 	bound := 2*every + inFlight*c.WSize()
 	for i := range pieces {
 		off := i * piece
-		if err := w.WriteAt(ctx, bytes.Clone(data[off:off+piece]), nil, uint64(off), func() { released.Add(1) }); err != nil {
+		if err := w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(data[off:off+piece])), uint64(off), func() { released.Add(1) }); err != nil {
 			t.Fatalf("write piece %d: %v", i, err)
 		}
 		if p := w.Pending(); p > bound {
@@ -67,7 +67,7 @@ func TestBackgroundCommitVerifierChange(t *testing.T) {
 	w.CommitEvery(1) // the first WRITE that lands starts a COMMIT
 	var released atomic.Int32
 	flip.armed.Store(true)
-	if err := w.WriteAt(ctx, bytes.Clone(data), nil, 0, func() { released.Add(1) }); err != nil {
+	if err := w.WriteAt(ctx, oncrpc.Plain(bytes.Clone(data)), 0, func() { released.Add(1) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Commit(ctx); err != nil {

@@ -33,7 +33,7 @@ func TestWriteSetAttr(t *testing.T) {
 		data := pattern(3001, 1)
 
 		of := open("ok")
-		res, a, err := c.WriteSetAttr(ctx, rootCred, of.FH, of.StateID, 0, data, nil, FileSync, StateID{}, &SetAttr{Mtime: &mtime, Mode: ptr(uint32(0o644))})
+		res, a, err := c.WriteSetAttr(ctx, rootCred, of.FH, of.StateID, 0, oncrpc.Plain(data), FileSync, StateID{}, &SetAttr{Mtime: &mtime, Mode: ptr(uint32(0o644))})
 		if err != nil || res.Count != uint32(len(data)) || !res.AttrOK {
 			t.Fatalf("WriteSetAttr: count %d attrOK %v, %v", res.Count, res.AttrOK, err)
 		}
@@ -52,7 +52,7 @@ func TestWriteSetAttr(t *testing.T) {
 		of = open("setattr-fails")
 		bad := StateID{Seq: of.StateID.Seq + 100, Other: of.StateID.Other}
 		size := uint64(len(data))
-		res, _, err = c.WriteSetAttr(ctx, rootCred, of.FH, of.StateID, 0, data, nil, FileSync, bad, &SetAttr{Size: &size})
+		res, _, err = c.WriteSetAttr(ctx, rootCred, of.FH, of.StateID, 0, oncrpc.Plain(data), FileSync, bad, &SetAttr{Size: &size})
 		var oe *OpError
 		if !errors.As(err, &oe) || oe.Op != "SETATTR" || res.Count != uint32(len(data)) {
 			t.Fatalf("WriteSetAttr with a bad SETATTR stateid: count %d, %v; want the data written and a SETATTR error", res.Count, err)
@@ -63,7 +63,7 @@ func TestWriteSetAttr(t *testing.T) {
 
 		of = open("write-fails")
 		bad = StateID{Seq: of.StateID.Seq + 100, Other: of.StateID.Other}
-		res, _, err = c.WriteSetAttr(ctx, rootCred, of.FH, bad, 0, data, nil, FileSync, StateID{}, &SetAttr{Mtime: &mtime})
+		res, _, err = c.WriteSetAttr(ctx, rootCred, of.FH, bad, 0, oncrpc.Plain(data), FileSync, StateID{}, &SetAttr{Mtime: &mtime})
 		if !errors.As(err, &oe) || oe.Op != "WRITE" || res.Count != 0 {
 			t.Fatalf("WriteSetAttr with a bad WRITE stateid: count %d, %v; want a WRITE error", res.Count, err)
 		}

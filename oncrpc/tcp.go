@@ -260,8 +260,9 @@ func (c *tcpConn) fail(err error) {
 // bytes, with one vectored write.
 func (c *tcpConn) send(ctx context.Context, call *Call) error {
 	var pad [4]byte
-	parts := [4][]byte{call.Head, call.Bulk, pad[:(4-len(call.Bulk)&3)&3], call.Tail}
-	if call.Bulk == nil {
+	bulk := call.Bulk.Bytes()
+	parts := [4][]byte{call.Head, bulk, pad[:(4-len(bulk)&3)&3], call.Tail}
+	if call.Bulk.IsZero() {
 		parts[2] = nil
 	}
 	return c.writeRecord(ctx, parts[:])

@@ -143,7 +143,7 @@ func echoCall(ctx context.Context, c *Client, payload []byte) ([]byte, error) {
 	var e xdr.Encoder
 	xid := c.StartCall(&e, 1, AuthSys{MachineName: "t", UID: 1, GID: 2}.Credential())
 	e.Uint32(uint32(len(payload)))
-	rep, err := c.Do(ctx, &Call{XID: xid, Head: e.Bytes(), Bulk: payload})
+	rep, err := c.Do(ctx, &Call{XID: xid, Head: e.Bytes(), Bulk: Plain(payload)})
 	if err != nil {
 		return nil, err
 	}

@@ -17,33 +17,23 @@ import (
 type Call struct {
 	XID  uint32
 	Head []byte // RPC header and arguments up to and including Bulk's length word
-	Bulk []byte // DDP-eligible opaque data (NFS WRITE), without XDR padding; may be nil
+	Bulk View   // DDP-eligible opaque data (NFS WRITE), without XDR padding; may be zero
 	Tail []byte // arguments after Bulk
 
-	ReplyBulk    []byte // destination for the DDP-eligible result (NFS READ data, READLINK text); nil if none
-	MaxReplySize int    // upper bound of the reply message size, excluding ReplyBulk data; 0 if unknown
-
-	// BulkMem and ReplyBulkMem name the registered memory that Bulk and
-	// ReplyBulk lie in, nil for ordinary memory. An RDMA transport
-	// exposes registered memory of its own to the peer where it is, and
-	// copies anything else through buffers of its own; other transports
-	// ignore them.
-	BulkMem, ReplyBulkMem Registered
-}
-
-// Registered is memory a transport registered for direct access by its
-// peer: an RPC-over-RDMA transport's slab buffer (mrcache.Buffer), lent
-// to the layers above and handed back with the calls that use it, so the
-// transport knows its memory by type, not by address.
-type Registered interface {
-	Bytes() []byte
+	// ReplyBulk is the destination for the DDP-eligible result (NFS
+	// READ data, READLINK text); zero if none. An RDMA transport exposes
+	// views of registered memory of its own (Bulk's too) to the peer
+	// where they are, and copies others through buffers of its own;
+	// other transports use the bytes.
+	ReplyBulk    View
+	MaxReplySize int // upper bound of the reply message size, excluding ReplyBulk data; 0 if unknown
 }
 
 // Len returns the size of the call message as it is encoded over TCP.
 func (c *Call) Len() int {
-	n := len(c.Head) + len(c.Bulk) + len(c.Tail)
-	if c.Bulk != nil {
-		n += (4 - len(c.Bulk)&3) & 3
+	n := len(c.Head) + c.Bulk.Len() + len(c.Tail)
+	if !c.Bulk.IsZero() {
+		n += (4 - c.Bulk.Len()&3) & 3
 	}
 	return n
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/internal/xdr"
+	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -112,7 +113,7 @@ func (c *conn) serveBackward(xid, vers uint32, msg []byte) {
 	if e.Len()+len(reply) > sendSize {
 		err = fmt.Errorf("%d-byte reply exceeds the %d-byte inline threshold", e.Len()+len(reply), sendSize)
 	} else {
-		var buf []byte
+		var buf *mrcache.Buffer
 		var n int
 		if buf, n, err = c.sendBuffer(c.ctx, [][]byte{e.Bytes(), reply}); err == nil {
 			c.mu.Lock()

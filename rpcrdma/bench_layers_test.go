@@ -37,8 +37,8 @@ func BenchmarkRatioWriteLayers1MiB(b *testing.B) {
 	bts := benchTransports(b)
 	rdma, tcp := bts["rdma"], bts["tcp"]
 	rdmaData, tcpData := rdma.buf(b, size), tcp.buf(b, size)
-	copy(rdmaData.b, pattern(size))
-	copy(tcpData.b, pattern(size))
+	copy(rdmaData.Bytes(), pattern(size))
+	copy(tcpData.Bytes(), pattern(size))
 	var e xdr.Encoder
 	ops := [...]func() error{
 		func() error { return sink(b.Context(), rdma.clnt, &e, rdmaData) },

@@ -30,23 +30,20 @@ type benchTransport struct {
 	buf func(b *testing.B, n int) dataBuf
 }
 
-// dataBuf is a data buffer and, when it is registered memory lent by a
-// transport (mrcache.Buffer), that memory, for the calls to name.
-type dataBuf struct {
-	b   []byte
-	mem oncrpc.Registered
-}
+// dataBuf is a data buffer: ordinary memory, or registered memory lent
+// by a transport (mrcache.Buffer), for the calls to name.
+type dataBuf = oncrpc.View
 
-func heapBuf(_ *testing.B, n int) dataBuf { return dataBuf{b: make([]byte, n)} }
+func heapBuf(_ *testing.B, n int) dataBuf { return oncrpc.Plain(make([]byte, n)) }
 
 func slabBuf(t *Transport) func(b *testing.B, n int) dataBuf {
 	return func(b *testing.B, n int) dataBuf {
-		buf, err := t.Buffers().Alloc(n)
+		buf, err := t.Buffers().Get(n)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { buf.Release() })
-		return dataBuf{b: buf.Bytes(), mem: buf}
+		return oncrpc.Lent(buf)
 	}
 }
 
@@ -154,11 +151,11 @@ func startBenchServers() (rdmaAddr, tcpAddr string, stop func(), err error) {
 
 // sink sends data like an NFS WRITE: the data is the DDP-eligible Bulk.
 func sink(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, buf dataBuf) error {
-	data := buf.b
+	data := buf.Bytes()
 	e.Reset(e.Bytes())
 	xid := c.StartCall(e, procSink, oncrpc.AuthNone)
 	e.Uint32(uint32(len(data)))
-	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, BulkMem: buf.mem, MaxReplySize: 64})
+	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: buf, MaxReplySize: 64})
 	if err != nil {
 		return err
 	}
@@ -169,11 +166,11 @@ func sink(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, buf dataBuf) er
 // source reads len(dest) bytes like an NFS READ: into dest, placed by a
 // Write chunk over RDMA, copied from the reply over TCP.
 func source(ctx context.Context, c *oncrpc.Client, e *xdr.Encoder, buf dataBuf) error {
-	dest := buf.b
+	dest := buf.Bytes()
 	e.Reset(e.Bytes())
 	xid := c.StartCall(e, procSource, oncrpc.AuthNone)
 	e.Uint32(uint32(len(dest)))
-	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), ReplyBulk: dest, ReplyBulkMem: buf.mem, MaxReplySize: 64})
+	rep, err := c.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), ReplyBulk: buf, MaxReplySize: 64})
 	if err != nil {
 		return err
 	}
@@ -200,9 +197,9 @@ func BenchmarkWrite1MiB(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			data := bt.buf(b, 1<<20)
-			copy(data.b, pattern(1<<20))
+			copy(data.Bytes(), pattern(1<<20))
 			var e xdr.Encoder
-			b.SetBytes(int64(len(data.b)))
+			b.SetBytes(int64(len(data.Bytes())))
 			b.ResetTimer()
 			for b.Loop() {
 				if err := sink(b.Context(), bt.clnt, &e, data); err != nil {
@@ -221,7 +218,7 @@ func BenchmarkRead1MiB(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			dest := bt.buf(b, 1<<20)
 			var e xdr.Encoder
-			b.SetBytes(int64(len(dest.b)))
+			b.SetBytes(int64(len(dest.Bytes())))
 			b.ResetTimer()
 			for b.Loop() {
 				if err := source(b.Context(), bt.clnt, &e, dest); err != nil {
@@ -241,7 +238,7 @@ func BenchmarkRead4KiB(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			dest := bt.buf(b, 4096)
 			var e xdr.Encoder
-			b.SetBytes(int64(len(dest.b)))
+			b.SetBytes(int64(len(dest.Bytes())))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
@@ -273,7 +270,7 @@ func BenchmarkRatio1MiB(b *testing.B) {
 			var bufs [2]dataBuf
 			for i, bt := range trs {
 				bufs[i] = bt.buf(b, 1<<20)
-				copy(bufs[i].b, pattern(1<<20))
+				copy(bufs[i].Bytes(), pattern(1<<20))
 			}
 			var e xdr.Encoder
 			var spent, cpu [2]time.Duration
@@ -340,7 +337,7 @@ func BenchmarkRatioReceive(b *testing.B) {
 			var bufs [3]dataBuf
 			for i, bt := range trs {
 				bufs[i] = bt.buf(b, tc.size)
-				copy(bufs[i].b, pattern(tc.size))
+				copy(bufs[i].Bytes(), pattern(tc.size))
 			}
 			var e xdr.Encoder
 			var spent [3]time.Duration

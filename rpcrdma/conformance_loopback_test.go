@@ -46,14 +46,14 @@ func TestConformanceInlineDespiteChunks(t *testing.T) {
 			t.Fatalf("%d regions left exposed", n)
 		}
 
-		lent, err := env.tr.Buffers().Alloc(100)
+		lent, err := env.tr.Buffers().Get(100)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer lent.Release()
 		dest := lent.Bytes()
 		fill(dest, 0xff)
-		if err := source(ctx, env.clnt, &e, dataBuf{dest, lent}); err != nil {
+		if err := source(ctx, env.clnt, &e, oncrpc.Lent(lent)); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(dest, make([]byte, 100)) {
@@ -211,7 +211,7 @@ func TestConformanceAbandonedCallsFenced(t *testing.T) {
 		var e xdr.Encoder
 		xid := env.clnt.StartCall(&e, procEcho, oncrpc.AuthNone)
 		e.Uint32(uint32(len(data)))
-		call := &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, ReplyBulk: make([]byte, len(data)), MaxReplySize: 128}
+		call := &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: oncrpc.Plain(data), ReplyBulk: oncrpc.Plain(make([]byte, len(data))), MaxReplySize: 128}
 		errc := make(chan error, 1)
 		go func() {
 			_, err := env.tr.RoundTrip(ctxMinute(t), call)

@@ -206,7 +206,7 @@ func TestConformanceInlineCall(t *testing.T) {
 func TestConformanceReadChunk(t *testing.T) {
 	c, _ := confConn(t, Config{}, negV1, 1024)
 	const xid = 7
-	lent, err := c.t.pool.Alloc(1001)
+	lent, err := c.t.pool.Get(1001)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestConformanceReadChunk(t *testing.T) {
 	copy(data, pattern(1001))
 	head := confCallHead(xid, 3, uint32(len(data)))
 	tail := []byte{0, 0, 0, 9, 0, 0, 0, 10}
-	r, send := confMarshal(t, c, &oncrpc.Call{XID: xid, Head: head, Bulk: data, BulkMem: lent, Tail: tail, MaxReplySize: 200}, Version1, 1024, 1024)
+	r, send := confMarshal(t, c, &oncrpc.Call{XID: xid, Head: head, Bulk: oncrpc.Lent(lent), Tail: tail, MaxReplySize: 200}, Version1, 1024, 1024)
 	h := r.hdr
 	if h.Proc != ProcMsg || len(h.Reads) != 1 || len(h.Writes) != 0 || h.Reply != nil {
 		t.Fatalf("header %+v: want RDMA_MSG with one read segment", h)
@@ -243,7 +243,7 @@ func TestConformanceReadChunk(t *testing.T) {
 	// each, all at the item's position, in order.
 	big := pattern(5 << 19)
 	head = confCallHead(xid+1, uint32(len(big)))
-	r, _ = confMarshal(t, c, &oncrpc.Call{XID: xid + 1, Head: head, Bulk: big, MaxReplySize: 200}, Version1, 1024, 1024)
+	r, _ = confMarshal(t, c, &oncrpc.Call{XID: xid + 1, Head: head, Bulk: oncrpc.Plain(big), MaxReplySize: 200}, Version1, 1024, 1024)
 	if len(r.hdr.Reads) != 3 {
 		t.Fatalf("%d read segments for 2.5 MiB outside the slab, want 3", len(r.hdr.Reads))
 	}
@@ -271,7 +271,7 @@ func TestConformancePositionZero(t *testing.T) {
 		call *oncrpc.Call
 	}{
 		{"no DDP-eligible item", &oncrpc.Call{XID: 21, Head: append(confCallHead(21, 3000), pattern(3000)...), MaxReplySize: 200}},
-		{"head too large to reduce", &oncrpc.Call{XID: 22, Head: append(confCallHead(22), pattern(2000)...), Bulk: pattern(1001), Tail: []byte{0, 0, 0, 1}, MaxReplySize: 200}},
+		{"head too large to reduce", &oncrpc.Call{XID: 22, Head: append(confCallHead(22), pattern(2000)...), Bulk: oncrpc.Plain(pattern(1001)), Tail: []byte{0, 0, 0, 1}, MaxReplySize: 200}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -293,8 +293,8 @@ func TestConformancePositionZero(t *testing.T) {
 				chunk = append(chunk, confResolve(t, c, rs.Segment, verbs.AccessRemoteRead)...)
 			}
 			call := tc.call
-			want := append(append([]byte(nil), call.Head...), call.Bulk...)
-			want = append(append(want, zeroPad[:xdr.Pad(len(call.Bulk))]...), call.Tail...)
+			want := append(append([]byte(nil), call.Head...), call.Bulk.Bytes()...)
+			want = append(append(want, zeroPad[:xdr.Pad(call.Bulk.Len())]...), call.Tail...)
 			if len(chunk)%4 != 0 || !bytes.Equal(chunk, want) {
 				t.Fatalf("chunk of %d bytes is not the padded %d-byte call", len(chunk), len(want))
 			}
@@ -314,13 +314,13 @@ func TestConformancePositionZero(t *testing.T) {
 // gets an empty Write list, asking for it inline (s4.3.2).
 func TestConformanceWriteChunk(t *testing.T) {
 	c, _ := confConn(t, Config{}, negV1, 1024)
-	lent, err := c.t.pool.Alloc(1001)
+	lent, err := c.t.pool.Get(1001)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lent.Release()
 	dest := lent.Bytes()
-	r, _ := confMarshal(t, c, &oncrpc.Call{XID: 31, Head: confCallHead(31, 1001), ReplyBulk: dest, ReplyBulkMem: lent, MaxReplySize: 128}, Version1, 1024, 1024)
+	r, _ := confMarshal(t, c, &oncrpc.Call{XID: 31, Head: confCallHead(31, 1001), ReplyBulk: oncrpc.Lent(lent), MaxReplySize: 128}, Version1, 1024, 1024)
 	if len(r.hdr.Writes) != 1 || len(r.hdr.Writes[0]) != 1 || len(r.hdr.Reads) != 0 {
 		t.Fatalf("header %+v: want one Write chunk of one segment", r.hdr)
 	}
@@ -334,14 +334,14 @@ func TestConformanceWriteChunk(t *testing.T) {
 	confExactly(t, c, seg, verbs.AccessRemoteWrite, verbs.AccessRemoteRead)
 
 	// Ordinary memory goes through a transport buffer of the same size.
-	r, _ = confMarshal(t, c, &oncrpc.Call{XID: 32, Head: confCallHead(32, 1001), ReplyBulk: make([]byte, 1001), MaxReplySize: 128}, Version1, 1024, 1024)
+	r, _ = confMarshal(t, c, &oncrpc.Call{XID: 32, Head: confCallHead(32, 1001), ReplyBulk: oncrpc.Plain(make([]byte, 1001)), MaxReplySize: 128}, Version1, 1024, 1024)
 	if len(r.hdr.Writes) != 1 || len(r.hdr.Writes[0]) != 1 || r.hdr.Writes[0][0].Length != 1001 {
 		t.Fatalf("bounced Write chunk %+v", r.hdr.Writes)
 	}
 	confExactly(t, c, r.hdr.Writes[0][0], verbs.AccessRemoteWrite, verbs.AccessRemoteRead)
 
 	// A result that fits the reply threshold: no Write list at all.
-	_, send := confMarshal(t, c, &oncrpc.Call{XID: 33, Head: confCallHead(33, 100), ReplyBulk: dest[:100], MaxReplySize: 128}, Version1, 1024, 4096)
+	_, send := confMarshal(t, c, &oncrpc.Call{XID: 33, Head: confCallHead(33, 100), ReplyBulk: oncrpc.Plain(dest[:100]), MaxReplySize: 128}, Version1, 1024, 4096)
 	if w := confWords(send, 7); w[4] != 0 || w[5] != 0 || w[6] != 0 {
 		t.Fatalf("small READ: list words %v, want three empty lists", w[4:])
 	}
@@ -381,7 +381,7 @@ func TestConformanceReplyChunk(t *testing.T) {
 		}
 	}
 	// A READ and a large rest of the reply: both chunks.
-	r, _ = confMarshal(t, c, &oncrpc.Call{XID: 43, Head: confCallHead(43), ReplyBulk: make([]byte, 8192), MaxReplySize: 6000}, Version1, 4096, 4096)
+	r, _ = confMarshal(t, c, &oncrpc.Call{XID: 43, Head: confCallHead(43), ReplyBulk: oncrpc.Plain(make([]byte, 8192)), MaxReplySize: 6000}, Version1, 4096, 4096)
 	if len(r.hdr.Writes) != 1 || len(r.hdr.Reply) != 1 {
 		t.Fatalf("header %+v: want a Write chunk and a Reply chunk", r.hdr)
 	}
@@ -442,7 +442,7 @@ func TestConformanceLocalErrorFailsFast(t *testing.T) {
 	defer c.t.pool.Put(all)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no waiting for memory
-	r := &req{tr: c.t, xid: 61, call: &oncrpc.Call{XID: 61, Head: confCallHead(61, 8192), ReplyBulk: make([]byte, 8192), MaxReplySize: 128}}
+	r := &req{tr: c.t, xid: 61, call: &oncrpc.Call{XID: 61, Head: confCallHead(61, 8192), ReplyBulk: oncrpc.Plain(make([]byte, 8192)), MaxReplySize: 128}}
 	if err := c.send(ctx, r); !errors.Is(err, context.Canceled) {
 		t.Fatalf("send with no memory: %v", err)
 	}
@@ -459,13 +459,12 @@ func TestConformanceLocalErrorFailsFast(t *testing.T) {
 // invalidation (invalidateWait).
 func TestConformanceFailedInvalidateClosesFirst(t *testing.T) {
 	c, qp := confConn(t, Config{}, negV1, 1024)
-	lent, err := c.t.pool.Alloc(1001)
+	lent, err := c.t.pool.Get(1001)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lent.Release()
-	dest := lent.Bytes()
-	r, _ := confMarshal(t, c, &oncrpc.Call{XID: 81, Head: confCallHead(81, 1001), ReplyBulk: dest, ReplyBulkMem: lent, MaxReplySize: 128}, Version1, 1024, 1024)
+	r, _ := confMarshal(t, c, &oncrpc.Call{XID: 81, Head: confCallHead(81, 1001), ReplyBulk: oncrpc.Lent(lent), MaxReplySize: 128}, Version1, 1024, 1024)
 	seg := r.hdr.Writes[0][0]
 	r.done = make(chan struct{})
 	c.pending[81], c.inflight = r, 1

@@ -231,7 +231,7 @@ func TestConformanceDuplicateReply(t *testing.T) {
 func TestConformanceUnusedWriteChunk(t *testing.T) {
 	c, _ := confConn(t, Config{}, negV1, 1024)
 	r := confPend(c, 0x88, false)
-	r.call.ReplyBulk = make([]byte, 1001)
+	r.call.ReplyBulk = oncrpc.Plain(make([]byte, 1001))
 	r.writeOff = []Segment{{Handle: 0x4401, Length: 1001, Offset: 0}}
 	c.receive(0, confMsg(Header{XID: 0x88, Vers: Version1, Credit: 4, Proc: ProcMsg,
 		Writes: [][]Segment{{{Handle: 0x4401, Length: 0, Offset: 0}}}}, true), 0, false)
@@ -252,7 +252,7 @@ func TestConformanceUnusedWriteChunk(t *testing.T) {
 func TestConformanceWriteListOmitted(t *testing.T) {
 	c, _ := confConn(t, Config{}, negV1, 1024)
 	r := confPend(c, 0x89, false)
-	r.call.ReplyBulk = make([]byte, 1001)
+	r.call.ReplyBulk = oncrpc.Plain(make([]byte, 1001))
 	r.writeOff = []Segment{{Handle: 0x4401, Length: 1001, Offset: 0}}
 	c.receive(0, confMsg(Header{XID: 0x89, Vers: Version1, Credit: 4, Proc: ProcMsg}, true), 0, false)
 	if rep := confDelivered(t, r); !rep.BulkPlaced || rep.BulkLen != 0 {

@@ -45,7 +45,7 @@ type conn struct {
 	qpClosed chan struct{} // closed once the queue pair is closed: no access to our memory any more
 
 	// Receive buffers, by work request ID; guarded by mu.
-	recvBufs  [][]byte
+	recvBufs  []*mrcache.Buffer
 	recvSGL   [][]verbs.SGE // each buffer's scatter list, made once
 	recvState []recvState
 	recvFree  []int    // neither posted nor lent
@@ -78,14 +78,15 @@ const (
 // sendState is a Send in flight: its registered buffer and its gather
 // list, which the send queue owns until the Send completes.
 type sendState struct {
-	buf []byte
+	buf *mrcache.Buffer
 	sgl *[1]verbs.SGE
 }
 
 // complete ends a Send: the send queue is done with its buffer and its
 // gather list. Called with c.mu held.
 func (c *conn) complete(s sendState) {
-	c.t.pool.Put(s.buf)
+	// The send buffer never left the transport: its handle is reused.
+	c.t.pool.Recycle(s.buf)
 	c.sglFree = append(c.sglFree, s.sgl)
 }
 
@@ -121,11 +122,11 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 			c.putRecvBufs()
 			return nil, fmt.Errorf("rpcrdma: receive buffers: %w", err)
 		}
-		sge, ok := t.pool.Locate(b)
-		if !ok {
+		sge, err := b.SGE(0, c.recvSize)
+		if err != nil {
 			t.pool.Put(b)
 			c.putRecvBufs()
-			return nil, fmt.Errorf("rpcrdma: receive buffer: %w", mrcache.ErrNotRegistered)
+			return nil, fmt.Errorf("rpcrdma: receive buffer: %w", err)
 		}
 		c.recvBufs = append(c.recvBufs, b)
 		c.recvSGL = append(c.recvSGL, []verbs.SGE{sge})
@@ -308,7 +309,8 @@ func (c *conn) teardown(err error, pending map[uint32]*req) {
 	close(c.qpClosed)
 	c.putSends()
 	for _, r := range pending {
-		_ = r.invalidate(c) // the connection is closed already
+		// The call's send ends its exposures (frwr.unmapAll) before
+		// it returns; with the queue pair closed, none can stall.
 		r.err = err
 		close(r.done)
 	}
@@ -362,7 +364,7 @@ func (c *conn) wakeLocked() {
 // buffer (they are transport headers, RPC headers and at most an inline
 // threshold of arguments, as in xprtrdma's send buffers) and returns it
 // and the message length.
-func (c *conn) sendBuffer(ctx context.Context, pieces [][]byte) ([]byte, int, error) {
+func (c *conn) sendBuffer(ctx context.Context, pieces [][]byte) (*mrcache.Buffer, int, error) {
 	n := 0
 	for _, p := range pieces {
 		n += len(p)
@@ -371,26 +373,26 @@ func (c *conn) sendBuffer(ctx context.Context, pieces [][]byte) ([]byte, int, er
 	if err != nil {
 		return nil, 0, fmt.Errorf("rpcrdma: send buffer: %w", err)
 	}
-	k := 0
+	k, mem := 0, buf.Bytes()
 	for _, p := range pieces {
-		k += copy(buf[k:], p)
+		k += copy(mem[k:], p)
 	}
 	return buf, n, nil
 }
 
-// postLocked posts buf[:n] as one Send and returns its sequence number:
+// postLocked posts the first n bytes of buf as one Send and returns its sequence number:
 // messages are posted, and so reach the peer, in that order. The send
 // queue owns buf until the Send completes. Called with c.mu held.
-func (c *conn) postLocked(buf []byte, n int) (uint64, error) {
+func (c *conn) postLocked(buf *mrcache.Buffer, n int) (uint64, error) {
 	return c.postBindLocked(buf, n, nil)
 }
 
 // postBindLocked is postLocked for a call whose exposures (binds) are
 // bound on the queue pair ahead of its Send (verbs.SendWR.Bind: memory
 // windows on hardware). Called with c.mu held.
-func (c *conn) postBindLocked(buf []byte, n int, binds []*verbs.MemoryRegion) (uint64, error) {
+func (c *conn) postBindLocked(buf *mrcache.Buffer, n int, binds []*verbs.MemoryRegion) (uint64, error) {
 	if c.err != nil {
-		c.t.pool.Put(buf)
+		c.t.pool.Recycle(buf)
 		return 0, c.err
 	}
 	c.reapSendsLocked()
@@ -403,12 +405,18 @@ func (c *conn) postBindLocked(buf []byte, n int, binds []*verbs.MemoryRegion) (u
 	} else {
 		sgl = new([1]verbs.SGE)
 	}
-	sgl[0], _ = c.t.pool.Locate(buf[:max(n, 1)])
+	sge, err := buf.SGE(0, max(n, 1))
+	if err != nil {
+		c.t.pool.Recycle(buf)
+		c.sglFree = append(c.sglFree, sgl)
+		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
+	}
+	sgl[0] = sge
 	sgl[0].Length = uint32(n)
 	c.nextWR++
 	wr := c.nextWR
 	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: sgl[:], Bind: binds}); err != nil {
-		c.t.pool.Put(buf)
+		c.t.pool.Recycle(buf)
 		c.sglFree = append(c.sglFree, sgl)
 		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
 	}
@@ -504,7 +512,7 @@ func (c *conn) onRecv(w verbs.Completion) {
 	}
 	i := int(w.WRID)
 	withInv := w.Opcode == verbs.OpRecvWithInvalidate
-	if c.receive(i, c.recvBufs[i][:w.ByteLen], w.InvalidatedSTag, withInv) {
+	if c.receive(i, c.recvBufs[i].Bytes()[:w.ByteLen], w.InvalidatedSTag, withInv) {
 		return // lent with a reply; a spare was posted
 	}
 	c.mu.Lock()

@@ -39,11 +39,11 @@ const (
 func newExposedCall(t *testing.T, tr *Transport, xid uint32) *exposedCall {
 	t.Helper()
 	pool := tr.Buffers()
-	bulkMem, err := pool.Alloc(exposedBulk)
+	bulkMem, err := pool.Get(exposedBulk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	destMem, err := pool.Alloc(2 * exposedDest)
+	destMem, err := pool.Get(2 * exposedDest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,8 +55,8 @@ func newExposedCall(t *testing.T, tr *Transport, xid uint32) *exposedCall {
 	copy(bulk, pattern(exposedBulk))
 	fill(dest, guardPattern)
 	return &exposedCall{
-		call: &oncrpc.Call{XID: xid, Head: mkCall(xid, procEcho, be32(exposedBulk)), Bulk: bulk, BulkMem: bulkMem,
-			ReplyBulk: dest[:exposedDest], ReplyBulkMem: destMem, MaxReplySize: 8192},
+		call: &oncrpc.Call{XID: xid, Head: mkCall(xid, procEcho, be32(exposedBulk)), Bulk: oncrpc.Lent(bulkMem),
+			ReplyBulk: oncrpc.Lent(destMem).Slice(0, exposedDest), MaxReplySize: 8192},
 		bulk: bulk, dest: dest, guard: dest[exposedDest:],
 	}
 }
@@ -387,12 +387,12 @@ func TestHostileStalledTransfer(t *testing.T) {
 			tr := fp.transport(Config{Version: Version1})
 			pool := tr.Buffers()
 			const size = 256 << 10
-			bulkMem, err := pool.Alloc(size)
+			bulkMem, err := pool.Get(size)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer bulkMem.Release()
-			destMem, err := pool.Alloc(size)
+			destMem, err := pool.Get(size)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -400,7 +400,7 @@ func TestHostileStalledTransfer(t *testing.T) {
 			bulk, dest := bulkMem.Bytes(), destMem.Bytes()
 			fill(dest, guardPattern)
 			copy(bulk, pattern(size))
-			call := &oncrpc.Call{XID: 7, Head: mkCall(7, procEcho, be32(size)), Bulk: bulk, BulkMem: bulkMem, ReplyBulk: dest, ReplyBulkMem: destMem, MaxReplySize: 128}
+			call := &oncrpc.Call{XID: 7, Head: mkCall(7, procEcho, be32(size)), Bulk: oncrpc.Lent(bulkMem), ReplyBulk: oncrpc.Lent(destMem), MaxReplySize: 128}
 			ctx := newDeadlineCtx(fp.ctx)
 			ch := goRoundTrip(ctx, tr, call)
 			pc := fp.accept()
@@ -471,14 +471,14 @@ func TestHostileReplyDuringReadResponse(t *testing.T) {
 	tr := fp.transport(Config{Version: Version1})
 	pc := warmUp(t, fp, tr)
 	const size = 256 << 10
-	bulkMem, err := tr.Buffers().Alloc(size)
+	bulkMem, err := tr.Buffers().Get(size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bulkMem.Release()
 	bulk := bulkMem.Bytes()
 	copy(bulk, pattern(size))
-	a := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 41, Head: mkCall(41, procEcho, be32(size)), Bulk: bulk, BulkMem: bulkMem, MaxReplySize: 128})
+	a := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 41, Head: mkCall(41, procEcho, be32(size)), Bulk: oncrpc.Lent(bulkMem), MaxReplySize: 128})
 	m := pc.recvCall()
 	if len(m.Hdr.Reads) != 1 {
 		t.Fatalf("call sent with %d read segments, want a Read chunk", len(m.Hdr.Reads))

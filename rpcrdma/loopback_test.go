@@ -49,10 +49,13 @@ type replyBufs struct {
 	heap sync.Pool
 }
 
-func (r *replyBufs) get(n int) []byte {
+// get returns room for n bytes: in a buffer of the pool, which it sets
+// *lent to, or of the heap.
+func (r *replyBufs) get(n int, lent **mrcache.Buffer) []byte {
 	if r.pool != nil {
 		if b, err := r.pool.Get(n); err == nil {
-			return b[:0]
+			*lent = b
+			return b.Bytes()[:0]
 		}
 	}
 	if b, ok := r.heap.Get().(*[]byte); ok && cap(*b) >= n {
@@ -61,21 +64,45 @@ func (r *replyBufs) get(n int) []byte {
 	return make([]byte, 0, n)
 }
 
-func (r *replyBufs) put(b []byte) {
-	if r.pool != nil && r.pool.Contains(b) && r.pool.Put(b) == nil {
-		return
-	}
-	r.heap.Put(&b)
-}
-
-// ReleaseReply gives a sent reply back to its buffers.
+// ReleaseReply gives a sent reply of the heap back to its buffers.
 func (h echoHandler) ReleaseReply(reply []byte) {
 	if h.bufs != nil {
-		h.bufs.put(reply)
+		h.bufs.heap.Put(&reply)
 	}
 }
 
-func (h echoHandler) HandleCall(msg []byte) []byte {
+// ReleaseView gives a sent reply back to its buffers (oncrpc.ViewHandler).
+func (h echoHandler) ReleaseView(reply oncrpc.View) {
+	if owner, _ := reply.Owner(); owner != nil {
+		if lent, ok := owner.(*mrcache.Buffer); ok {
+			h.bufs.pool.Recycle(lent) // the handle was the handler's alone
+			return
+		}
+	}
+	h.ReleaseReply(reply.Bytes())
+}
+
+func (h echoHandler) HandleCall(msg []byte) []byte { return h.HandleCallView(msg).Bytes() }
+
+// HandleCallView answers in the responder's registered memory when bufs
+// has a pool (oncrpc.ViewHandler), so the reply's bulk data goes out by
+// RDMA Write from where it is.
+func (h echoHandler) HandleCallView(msg []byte) oncrpc.View {
+	var lent *mrcache.Buffer
+	out := h.reply(msg, &lent)
+	if lent != nil {
+		if mem := lent.Bytes(); len(out) > 0 && len(out) <= len(mem) && &out[0] == &mem[0] {
+			return oncrpc.Lent(lent).Slice(0, len(out))
+		}
+		h.bufs.pool.Recycle(lent) // the reply outgrew it
+	}
+	if out == nil {
+		return oncrpc.View{}
+	}
+	return oncrpc.Plain(out)
+}
+
+func (h echoHandler) reply(msg []byte, lent **mrcache.Buffer) []byte {
 	ch, args, err := oncrpc.ParseCall(msg)
 	if err != nil {
 		return nil
@@ -88,7 +115,7 @@ func (h echoHandler) HandleCall(msg []byte) []byte {
 	if ch.Proc == procSource || ch.Proc == procEcho {
 		n := len(args) + 128 + int(xdr.NewDecoder(args).Uint32())%(65<<20)
 		if h.bufs != nil {
-			e.Reset(h.bufs.get(n))
+			e.Reset(h.bufs.get(n, lent))
 		} else {
 			e.Reset(make([]byte, 0, n))
 		}
@@ -229,7 +256,7 @@ func (env *testEnv) echo(ctx context.Context, data []byte, dest []byte) error {
 	if dest == nil {
 		maxReply += len(data) // the result comes back in the reply itself
 	}
-	call := &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, ReplyBulk: dest, MaxReplySize: maxReply}
+	call := &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: oncrpc.Plain(data), ReplyBulk: oncrpc.Plain(dest), MaxReplySize: maxReply}
 	rep, err := env.clnt.Do(ctx, call)
 	if err != nil {
 		return err

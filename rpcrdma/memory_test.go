@@ -29,7 +29,7 @@ func TestCopiesPerByte(t *testing.T) {
 		want := make([]byte, size) // the source procedure returns zeros
 		var e xdr.Encoder
 
-		lent, err := pool.Alloc(size)
+		lent, err := pool.Get(size)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,14 +37,14 @@ func TestCopiesPerByte(t *testing.T) {
 		slab := lent.Bytes()
 		// Warm up: the first large payload after small messages may
 		// find part of itself already in the provider's read buffer.
-		if err := source(ctx, env.clnt, &e, dataBuf{slab, lent}); err != nil {
+		if err := source(ctx, env.clnt, &e, oncrpc.Lent(lent)); err != nil {
 			t.Fatal(err)
 		}
 		before := env.tr.Stats()
 		const reads = 8
 		for range reads {
 			fill(slab, 0xff)
-			if err := source(ctx, env.clnt, &e, dataBuf{slab, lent}); err != nil {
+			if err := source(ctx, env.clnt, &e, oncrpc.Lent(lent)); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(slab, want) {
@@ -61,7 +61,7 @@ func TestCopiesPerByte(t *testing.T) {
 
 		before = st
 		copy(slab, want)
-		if err := sink(ctx, env.clnt, &e, dataBuf{slab, lent}); err != nil {
+		if err := sink(ctx, env.clnt, &e, oncrpc.Lent(lent)); err != nil {
 			t.Fatal(err)
 		}
 		st = env.tr.Stats()
@@ -76,13 +76,13 @@ func TestCopiesPerByte(t *testing.T) {
 		heap := make([]byte, size)
 		fill(heap, 0xff)
 		before = env.tr.Stats()
-		if err := source(ctx, env.clnt, &e, dataBuf{b: heap}); err != nil {
+		if err := source(ctx, env.clnt, &e, oncrpc.Plain(heap)); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(heap, want) {
 			t.Fatal("READ into ordinary memory: data differs")
 		}
-		if err := sink(ctx, env.clnt, &e, dataBuf{b: heap}); err != nil {
+		if err := sink(ctx, env.clnt, &e, oncrpc.Plain(heap)); err != nil {
 			t.Fatal(err)
 		}
 		st = env.tr.Stats()
@@ -93,11 +93,11 @@ func TestCopiesPerByte(t *testing.T) {
 }
 
 // TestOnlyLentMemoryIsExposed: the transport offers its peer only memory
-// it lent as a Buffer and the call names (Call.BulkMem, ReplyBulkMem),
-// never memory it recognises by address. Slab memory the call does not
-// name, and a Buffer of another transport's pool, go through the
-// transport's own buffers (counted copies); a named Buffer that does not
-// hold the data fails the call before anything is exposed.
+// it lent as a Buffer and the call's views name (Call.Bulk, ReplyBulk),
+// never memory it recognises by address. Slab memory a plain view holds,
+// and a Buffer of another transport's pool, go through the transport's
+// own buffers (counted copies); a view of a Buffer released since fails
+// the call before anything is exposed.
 func TestOnlyLentMemoryIsExposed(t *testing.T) {
 	env := newEnv(t, Version1, ResponderConfig{}, Config{})
 	ctx := context.Background()
@@ -109,24 +109,24 @@ func TestOnlyLentMemoryIsExposed(t *testing.T) {
 	// part of a payload was already in its read buffer.
 	read := func(t *testing.T, what string, buf dataBuf) uint64 {
 		t.Helper()
-		fill(buf.b, 0xff)
+		fill(buf.Bytes(), 0xff)
 		before := env.tr.Stats()
 		if err := source(ctx, env.clnt, &e, buf); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
-		if !bytes.Equal(buf.b, want) {
+		if !bytes.Equal(buf.Bytes(), want) {
 			t.Fatalf("%s: READ data differs", what)
 		}
 		return env.tr.Stats().BytesCopied - before.BytesCopied
 	}
 
-	lent, err := env.tr.Buffers().Alloc(size)
+	lent, err := env.tr.Buffers().Get(size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lent.Release()
-	read(t, "warm-up", dataBuf{lent.Bytes(), lent}) // as in TestCopiesPerByte
-	if got := read(t, "a lent buffer", dataBuf{lent.Bytes(), lent}); got != 0 {
+	read(t, "warm-up", oncrpc.Lent(lent)) // as in TestCopiesPerByte
+	if got := read(t, "a lent buffer", oncrpc.Lent(lent)); got != 0 {
 		t.Fatalf("READ into a lent buffer: %d bytes copied, want 0", got)
 	}
 
@@ -135,27 +135,35 @@ func TestOnlyLentMemoryIsExposed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer env.tr.Buffers().Put(unnamed)
-	if got := read(t, "unnamed", dataBuf{b: unnamed}); got < size {
+	if got := read(t, "unnamed", oncrpc.Plain(unnamed.Bytes())); got < size {
 		t.Fatalf("READ into slab memory the call does not name: %d bytes copied, want at least %d (through a transport buffer)", got, size)
 	}
 
 	other := NewTransport(env.resp.Addr(), Config{Provider: env.tr.cfg.Provider})
 	defer other.Close()
-	foreign, err := other.Buffers().Alloc(size)
+	foreign, err := other.Buffers().Get(size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer foreign.Release()
-	if got := read(t, "foreign", dataBuf{foreign.Bytes(), foreign}); got < size {
+	if got := read(t, "foreign", oncrpc.Lent(foreign)); got < size {
 		t.Fatalf("READ into another transport's buffer: %d bytes copied, want at least %d", got, size)
 	}
 
-	exposures := env.tr.Stats().Memory.Exposures
-	err = source(ctx, env.clnt, &e, dataBuf{make([]byte, size), lent})
-	if err == nil {
-		t.Fatal("a call naming a buffer that does not hold its data succeeded")
+	gone, err := env.tr.Buffers().Get(size)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("a call naming the wrong buffer: %v", err)
+	stale := oncrpc.Lent(gone)
+	if err := gone.Release(); err != nil {
+		t.Fatal(err)
+	}
+	exposures := env.tr.Stats().Memory.Exposures
+	err = source(ctx, env.clnt, &e, stale)
+	if err == nil {
+		t.Fatal("a call naming a released buffer succeeded")
+	}
+	t.Logf("a call naming a released buffer: %v", err)
 	if m := env.tr.Stats().Memory; m.Exposures != exposures || m.LiveExposures != 0 {
 		t.Fatalf("the failed call exposed memory: %d exposures (was %d), %d live", m.Exposures, exposures, m.LiveExposures)
 	}
@@ -175,7 +183,7 @@ func fill(b []byte, v byte) {
 func TestRegistrationReuse(t *testing.T) {
 	const budget = 16 << 20
 	env := newEnv(t, Version1, ResponderConfig{Credits: 16}, Config{MemoryBytes: budget, Credits: 16})
-	lent, err := env.tr.Buffers().Alloc(1 << 20)
+	lent, err := env.tr.Buffers().Get(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,10 +195,10 @@ func TestRegistrationReuse(t *testing.T) {
 		n := 0
 		for off := 0; off < len(buf); off += rsize {
 			n++
-			go func(dst []byte) {
+			go func(dst oncrpc.View) {
 				var e xdr.Encoder
-				done <- source(context.Background(), env.clnt, &e, dataBuf{dst, lent})
-			}(buf[off:min(len(buf), off+rsize)])
+				done <- source(context.Background(), env.clnt, &e, dst)
+			}(oncrpc.Lent(lent).Slice(off, min(len(buf), off+rsize)))
 		}
 		for range n {
 			if err := <-done; err != nil {
@@ -231,12 +239,12 @@ func TestCloseDeregistersEverything(t *testing.T) {
 	tr := NewTransport(env.resp.Addr(), Config{Provider: env.tr.cfg.Provider})
 	clnt := oncrpc.NewClient(tr, echoProg, 1, oncrpc.ClientOptions{})
 	pool := tr.Buffers()
-	lent, err := pool.Alloc(1 << 20)
+	lent, err := pool.Get(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var e xdr.Encoder
-	if err := source(context.Background(), clnt, &e, dataBuf{lent.Bytes(), lent}); err != nil {
+	if err := source(context.Background(), clnt, &e, oncrpc.Lent(lent)); err != nil {
 		t.Fatal(err)
 	}
 	tr.Close()
@@ -277,7 +285,7 @@ func TestInlineReplyLent(t *testing.T) {
 	}
 	// The connection still works after the buffers came back.
 	var e xdr.Encoder
-	if err := source(ctx, env.clnt, &e, dataBuf{b: make([]byte, 100)}); err != nil {
+	if err := source(ctx, env.clnt, &e, oncrpc.Plain(make([]byte, 100))); err != nil {
 		t.Fatal(err)
 	}
 }

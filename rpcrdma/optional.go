@@ -72,7 +72,7 @@ func (c *conn) postHeaderLocked(h *Header) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("rpcrdma: send buffer: %w", err)
 	}
-	return c.postLocked(buf, copy(buf, e.Bytes()))
+	return c.postLocked(buf, copy(buf.Bytes(), e.Bytes()))
 }
 
 // releaseOneWayLocked returns the credits of the one-way messages sent

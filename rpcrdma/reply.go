@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/rdmafs/rdmafs/internal/trace"
-	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -79,77 +78,18 @@ func (c *conn) badInvalidate(inv, xid uint32) {
 // receiveReply handles a message that answers a forward call (or one of
 // our RDMA_OPTIONALs).
 func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withInv bool) (lent bool) {
-	c.mu.Lock()
-	if !withInv && c.optionalErrorLocked(h) {
-		c.mu.Unlock()
-		return false
-	}
-	r := c.pending[h.XID]
+	r, v, lend := c.acceptReply(i, h, payload, inv, withInv)
 	if r == nil {
-		c.mu.Unlock()
-		if withInv {
-			c.badInvalidate(inv, h.XID)
-			return false
-		}
-		c.drop("reply xid=%#x vers=%d proc=%d answers no call", h.XID, h.Vers, h.Proc)
 		return false
 	}
-	if withInv && !r.offered(inv) {
-		c.mu.Unlock()
-		c.badInvalidate(inv, h.XID)
-		return false
-	}
-	v := c.neg.classify(h, r.probe)
-	if v == deliverReply || v == confirmedV2 {
-		if err := r.check(h, payload); err != nil {
-			// RFC 8166 s4.5: a malformed reply is discarded, credits
-			// and all; the call goes on waiting and is retransmitted
-			// by the upper layer's rules.
-			c.mu.Unlock()
-			c.drop("%v", err)
-			return false
-		}
-	}
-	if v == dropReply {
-		c.mu.Unlock()
-		c.drop("reply xid=%#x: version %d on a version-%s connection", h.XID, h.Vers, c.neg.state())
-		return false
-	}
-	if withInv && !c.remoteInvalidateAllowedLocked() {
-		// xcharext s3.2: we did not allow it. The STag was this
-		// call's and every other one is invalidated locally anyway.
-		c.t.stats.invViolations.Add(1)
-		c.t.tracef(trace.RDMA, "reply xid=%#x: Send With Invalidate of STag %#x without permission", h.XID, inv)
-	}
-	// The reply is accepted: now it may change state.
-	c.neg.commit(h, v)
-	c.reapSendsLocked() // the call's Send, most likely
-	delete(c.pending, h.XID)
-	c.inflight--
-	c.releaseOneWayLocked(r.seq)
-	if h.Proc != ProcError {
-		// RFC 8166 s3.3.1: every reply carries the current grant,
-		// never 0; an RDMA_ERROR does not count (v2 draft s5). More
-		// than we have receive buffers for is no use.
-		c.granted = max(1, min(int(h.Credit), c.t.cfg.Credits))
-	}
-	if v == confirmedV2 {
-		c.t.tracef(trace.RDMA, "negotiate xid=%#x: version 2 confirmed", h.XID)
-		c.neg.initWanted = c.t.cfg.XChars
-	}
-	c.pumpLocked()
-	// An inline reply's payload stays in its receive buffer.
-	lend := (v == deliverReply || v == confirmedV2) && h.Proc == ProcMsg && c.lendLocked(i)
-	c.mu.Unlock()
-
 	// RFC 8166 s4.4.1: every region the peer may write (Write and Reply
 	// chunks) is dead before the reply is used; if one cannot be, the
 	// connection is closed first (s4.5.4) and the call fails to be
 	// retransmitted. The Read chunk's, which the peer only reads, are
-	// the caller's to invalidate before the call returns (conn.send):
+	// the caller's to invalidate before the call returns (frwr.unmapAll):
 	// its provider may still be finishing the RDMA Read response, and
 	// this loop need not wait for that.
-	invErr := r.invalidateWritable(c, true)
+	invErr := r.unmapWritable(c, r.xid)
 	if invErr != nil {
 		if lend {
 			c.returnRecv(i)
@@ -175,6 +115,83 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 		go c.fail(r.err)
 		return false
 	}
+	return c.deliverReply(r, i, h, payload, inv, withInv, lend)
+}
+
+// acceptReply finds the call h answers and checks the reply against it
+// before it changes anything (RFC 8166 s4.5); once accepted, the call
+// leaves the pending set, its credit is freed and the grant taken. r is
+// nil if the reply was dropped; lend says the payload stays in receive
+// buffer i (a spare was posted in its place).
+func (c *conn) acceptReply(i int, h *Header, payload []byte, inv uint32, withInv bool) (r *req, v verdict, lend bool) {
+	c.mu.Lock()
+	if !withInv && c.optionalErrorLocked(h) {
+		c.mu.Unlock()
+		return nil, 0, false
+	}
+	r = c.pending[h.XID]
+	if r == nil {
+		c.mu.Unlock()
+		if withInv {
+			c.badInvalidate(inv, h.XID)
+			return nil, 0, false
+		}
+		c.drop("reply xid=%#x vers=%d proc=%d answers no call", h.XID, h.Vers, h.Proc)
+		return nil, 0, false
+	}
+	if withInv && !r.offered(inv) {
+		c.mu.Unlock()
+		c.badInvalidate(inv, h.XID)
+		return nil, 0, false
+	}
+	v = c.neg.classify(h, r.probe)
+	if v == deliverReply || v == confirmedV2 {
+		if err := r.check(h, payload); err != nil {
+			// RFC 8166 s4.5: a malformed reply is discarded, credits
+			// and all; the call goes on waiting and is retransmitted
+			// by the upper layer's rules.
+			c.mu.Unlock()
+			c.drop("%v", err)
+			return nil, 0, false
+		}
+	}
+	if v == dropReply {
+		c.mu.Unlock()
+		c.drop("reply xid=%#x: version %d on a version-%s connection", h.XID, h.Vers, c.neg.state())
+		return nil, 0, false
+	}
+	if withInv && !c.remoteInvalidateAllowedLocked() {
+		// xcharext s3.2: we did not allow it. The STag was this
+		// call's and every other one is invalidated locally anyway.
+		c.t.stats.invViolations.Add(1)
+		c.t.tracef(trace.RDMA, "reply xid=%#x: Send With Invalidate of STag %#x without permission", h.XID, inv)
+	}
+	// The reply is accepted: now it may change state.
+	c.neg.commit(h, v)
+	c.reapSendsLocked() // the call's Send, most likely
+	delete(c.pending, h.XID)
+	c.inflight--
+	c.releaseOneWayLocked(r.seq)
+	if h.Proc != ProcError {
+		// RFC 8166 s3.3.1: every reply carries the current grant,
+		// never 0; an RDMA_ERROR does not count (v2 draft s5). More
+		// than we have receive buffers for is no use.
+		c.granted = max(1, min(int(h.Credit), c.t.cfg.Credits))
+	}
+	if v == confirmedV2 {
+		c.t.tracef(trace.RDMA, "negotiate xid=%#x: version 2 confirmed", h.XID)
+		c.neg.initWanted = c.t.cfg.XChars
+	}
+	c.pumpLocked()
+	// An inline reply's payload stays in its receive buffer.
+	lend = (v == deliverReply || v == confirmedV2) && h.Proc == ProcMsg && c.lendLocked(i)
+	c.mu.Unlock()
+	return r, v, lend
+}
+
+// deliverReply hands the accepted reply to its call, its memory safe to
+// read (the writable exposures ended).
+func (c *conn) deliverReply(r *req, i int, h *Header, payload []byte, inv uint32, withInv, lend bool) bool {
 	var rep *oncrpc.Reply
 	var err error
 	if lend {
@@ -197,18 +214,6 @@ func (c *conn) receiveReply(i int, h *Header, payload []byte, inv uint32, withIn
 	r.reply, r.err = rep, err
 	close(r.done)
 	return lend
-}
-
-// offered reports whether stag is one of the call's exposures.
-func (r *req) offered(stag uint32) bool {
-	for _, regs := range [...][]*mrcache.Registration{r.writeRegs, r.replyRegs, r.readRegs} {
-		for _, reg := range regs {
-			if reg.STag == stag {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // errUnusable marks a reply this requester cannot accept.
@@ -308,7 +313,7 @@ func (r *req) parseReply(h *Header, payload []byte, lent func()) (*oncrpc.Reply,
 	// its result (BulkLen); a Write chunk returned unused places 0.
 	placed := 0
 	if len(h.Writes) == 1 {
-		dst := r.call.ReplyBulk
+		dst := r.call.ReplyBulk.Bytes()
 		for k, s := range h.Writes[0] {
 			n := int(s.Length)
 			if r.writePlaced != nil && k < len(r.writePlaced) {
@@ -333,7 +338,7 @@ func (r *req) parseReply(h *Header, payload []byte, lent func()) (*oncrpc.Reply,
 	case h.Proc == ProcNoMsg:
 		// The Reply chunk's buffer goes up with the reply.
 		buf, pool := r.replyBuf, r.tr.pool
-		msg, release = buf[:chunkLen(h.Reply)], func() { pool.Put(buf) }
+		msg, release = buf.Bytes()[:chunkLen(h.Reply)], func() { pool.Put(buf) }
 		r.replyBuf = nil
 		if r.replyKnown && len(msg) > r.replyPlaced {
 			// RFC 8166 s3.4.6, as for a Write chunk: only the bytes

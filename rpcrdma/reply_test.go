@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -154,7 +155,7 @@ func TestHostileShortWriteChunkBounce(t *testing.T) {
 	const size = 2*bounceSize + 4096
 	dest := make([]byte, size)
 	fill(dest, guardPattern)
-	ch := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 60, Head: mkCall(60, procSource, be32(size)), ReplyBulk: dest, MaxReplySize: 128})
+	ch := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: 60, Head: mkCall(60, procSource, be32(size)), ReplyBulk: oncrpc.Plain(dest), MaxReplySize: 128})
 	m := pc.recvCall()
 	segs := m.Hdr.Writes[0]
 	if len(segs) != 3 || segs[0].Length != bounceSize || segs[2].Length != 4096 {
@@ -217,7 +218,7 @@ func TestHostileWriteChunkOverclaim(t *testing.T) {
 			if bounce {
 				dest = make([]byte, 2*exposedDest)
 				fill(dest, guardPattern)
-				call = &oncrpc.Call{XID: 70, Head: mkCall(70, procSource, be32(exposedDest)), ReplyBulk: dest[:exposedDest], MaxReplySize: 128}
+				call = &oncrpc.Call{XID: 70, Head: mkCall(70, procSource, be32(exposedDest)), ReplyBulk: oncrpc.Plain(dest[:exposedDest]), MaxReplySize: 128}
 			} else {
 				ec := newExposedCall(t, tr, 70)
 				call, dest = ec.call, ec.dest
@@ -269,13 +270,13 @@ func TestHostileReplyChunkOverclaim(t *testing.T) {
 			pc := warmUp(t, fp, tr)
 			// Whatever buffer the Reply chunk gets, it held the marker.
 			pool := tr.Buffers()
-			var held [][]byte
+			var held []*mrcache.Buffer
 			for range 8 {
 				b, err := pool.Get(8192)
 				if err != nil {
 					t.Fatal(err)
 				}
-				fill(b, guardPattern)
+				fill(b.Bytes(), guardPattern)
 				held = append(held, b)
 			}
 			for _, b := range held {

@@ -235,9 +235,9 @@ func (t *Transport) RoundTrip(ctx context.Context, call *oncrpc.Call) (*oncrpc.R
 
 // send marshals r for the connection's current version, sends it and
 // waits for its reply. Whatever way it returns, the memory r exposed is
-// invalidated and its buffers are back in the pool (RFC 8166 s8.1).
+// invalidated and its buffers are back in the pool (RFC 8166 s8.1):
+// finish, the one place a call's exposures all end.
 func (c *conn) send(ctx context.Context, r *req) error {
-	t := c.t
 	if err := c.acquireCredit(ctx); err != nil {
 		return err
 	}
@@ -246,7 +246,26 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	// the next call of this req (a chunk offered has a segment).
 	r.reply, r.err, r.writeOff, r.replySegs = nil, nil, r.writeOff[:0], r.replySegs[:0]
 	r.kinds = [2]chunkKind{chunkInline, chunkInline}
-	defer r.finish(c)
+	err := c.exchange(ctx, r)
+	// What the reply left exposed (the Read chunk), or all of it when no
+	// reply came, is invalidated before the call returns (RFC 8166
+	// s8.1.3); if it cannot be, the connection is closed and the call
+	// fails (s4.5.4). The provider may have yet to end its Read Response
+	// access when the reply comes (the invalidation then waits).
+	if ferr := r.finish(c); ferr != nil && err == nil && r.err == nil {
+		if r.reply != nil {
+			r.reply.Release()
+			r.reply = nil
+		}
+		r.err, r.resend = fmt.Errorf("%w: xid %#x: %w", oncrpc.ErrConnection, r.xid, ferr), false
+	}
+	return err
+}
+
+// exchange marshals and posts r and waits for its reply (nil: r.reply
+// and r.err are the call's result) or for ctx to end.
+func (c *conn) exchange(ctx context.Context, r *req) error {
+	t := c.t
 	c.mu.Lock()
 	vers, sendSize, recvLimit := c.neg.version(), c.neg.sendSize, c.neg.replyLimit(c.recvSize)
 	r.probe = c.neg.st == negProbe
@@ -267,7 +286,7 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		t.pool.Put(buf)
+		t.pool.Recycle(buf)
 		return err
 	}
 	if old := c.pending[r.xid]; old != nil {
@@ -292,54 +311,77 @@ func (c *conn) send(ctx context.Context, r *req) error {
 	if err != nil {
 		c.fail(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
 		<-r.done
-		return r.err
+		return nil // r.err is the connection's error
 	}
+	return c.await(ctx, r)
+}
+
+// await waits for r's reply (nil) or for ctx to end.
+func (c *conn) await(ctx context.Context, r *req) error {
 	select {
 	case <-r.done:
-		// What the reply left exposed (the Read chunk) is invalidated
-		// before the call returns (RFC 8166 s8.1.3); if it cannot be,
-		// the connection is closed and the call fails (s4.5.4). The
-		// provider may have yet to end its Read Response access when
-		// the reply comes (invalidate then waits).
-		if err := r.invalidate(c); err != nil && r.err == nil {
-			if r.reply != nil {
-				r.reply.Release()
-				r.reply = nil
-			}
-			r.err, r.resend = fmt.Errorf("%w: xid %#x: %w", oncrpc.ErrConnection, r.xid, err), false
-		}
+		return nil
 	case <-ctx.Done():
-		// The call's memory is invalidated (finish) before send
-		// returns; its credit stays counted until a reply or the end
-		// of the connection.
-		c.mu.Lock()
-		if c.pending[r.xid] == r {
-			delete(c.pending, r.xid)
-			c.mu.Unlock()
-			if r.probe {
-				// v2 s5.2: an unanswered probe means the server does
-				// not speak version 2; reconnect at version 1.
-				t.markV1Only()
-				c.fail(fmt.Errorf("%w: version-2 probe unanswered", oncrpc.ErrConnection))
-			} else if errors.Is(context.Cause(ctx), oncrpc.ErrNoReply) {
-				// rfc5666bis s7.3.2 (checklist B4-7.3.2-a), RFC 8881
-				// s2.9.2: the client re-establishes the connection
-				// before it sends the call again.
-				c.fail(fmt.Errorf("%w: no reply to XID %#x: reconnecting", oncrpc.ErrConnection, r.xid))
-			} else {
-				go c.reclaimCreditLater()
-			}
-		} else {
-			c.mu.Unlock()
-			<-r.done
-		}
-		if r.reply != nil {
-			r.reply.Release()
-			r.reply = nil
-		}
-		return ctx.Err()
 	}
-	return nil
+	// The call's memory is invalidated (finish) before send returns;
+	// its credit stays counted until a reply or the end of the
+	// connection.
+	c.mu.Lock()
+	if c.pending[r.xid] == r {
+		delete(c.pending, r.xid)
+		c.mu.Unlock()
+		switch {
+		case r.probe:
+			// v2 s5.2: an unanswered probe means the server does not
+			// speak version 2; reconnect at version 1.
+			c.t.markV1Only()
+			c.fail(fmt.Errorf("%w: version-2 probe unanswered", oncrpc.ErrConnection))
+		case errors.Is(context.Cause(ctx), oncrpc.ErrNoReply):
+			// rfc5666bis s7.3.2 (checklist B4-7.3.2-a), RFC 8881
+			// s2.9.2: the client re-establishes the connection before
+			// it sends the call again.
+			c.fail(fmt.Errorf("%w: no reply to XID %#x: reconnecting", oncrpc.ErrConnection, r.xid))
+		default:
+			go c.reclaimCreditLater()
+		}
+	} else {
+		c.mu.Unlock()
+		<-r.done
+	}
+	if r.reply != nil {
+		r.reply.Release()
+		r.reply = nil
+	}
+	return ctx.Err()
+}
+
+// finish ends the call's use of the transport: its exposures are
+// invalidated (unmapAll) and its buffers go back to the pool (a Reply
+// chunk's buffer went up with the reply, if there was one). An error
+// means the call's memory was not safe when the call ended (see
+// frwr.unmapAll).
+func (r *req) finish(c *conn) error {
+	err := r.unmapAll(c, r.xid)
+	put := func(b *mrcache.Buffer) {
+		if r.exposed {
+			// A peer may still reach it: never reuse it.
+			c.t.stats.quarantined.Add(uint64(len(b.Bytes())))
+			return
+		}
+		c.t.pool.Put(b)
+	}
+	for i, b := range r.owned {
+		put(b)
+		r.owned[i] = nil
+	}
+	r.owned = r.owned[:0]
+	if r.replyBuf != nil {
+		put(r.replyBuf)
+		r.replyBuf = nil
+	}
+	r.bounceIn = nil
+	r.exposed = false
+	return err
 }
 
 func (c *conn) releaseCredit() {

@@ -105,9 +105,10 @@ func Listen(addr string, cfg ResponderConfig) (*Responder, error) {
 func (s *Responder) Addr() string { return s.ln.Addr().String() }
 
 // Buffers returns the responder's registered memory. A Handler that
-// implements oncrpc.ReplyReleaser may build replies in it: the bulk data
-// of such a reply is RDMA-Written from where it lies, without a copy,
-// and the reply is released once those Writes have completed.
+// implements oncrpc.ViewHandler may build replies in it and return them
+// as views of the buffers (oncrpc.Lent): the bulk data of such a reply is
+// RDMA-Written from where it lies, without a copy, and the reply is
+// released (ReleaseView) once those Writes have completed.
 func (s *Responder) Buffers() *mrcache.Pool { return s.pool }
 
 // Calls returns the number of calls handled.
@@ -177,9 +178,9 @@ type serverConn struct {
 	bcMu      sync.Mutex
 	bcPending map[uint32]chan []byte
 
-	recvBufs [][]byte       // posted by Responder.setupQP, owned by serve
-	posted   atomic.Int32   // receive buffers posted: the grant (responder_recv.go)
-	recvSGL  [][1]verbs.SGE // by WRID: the scatter list of the posted buffer, owned by serve
+	recvBufs []*mrcache.Buffer // posted by Responder.setupQP, owned by serve
+	posted   atomic.Int32      // receive buffers posted: the grant (responder_recv.go)
+	recvSGL  [][1]verbs.SGE    // by WRID: the scatter list of the posted buffer, owned by serve
 
 	// ctx ends with the connection: waits for memory end with it.
 	ctx    context.Context
@@ -259,7 +260,7 @@ func (c *serverConn) serve() {
 			if w.Status != verbs.StatusSuccess {
 				return
 			}
-			msg := append([]byte(nil), bufs[w.WRID][:w.ByteLen]...)
+			msg := append([]byte(nil), bufs[w.WRID].Bytes()[:w.ByteLen]...)
 			bufs[w.WRID] = c.nextRecvBuf(bufs[w.WRID])
 			if c.repostRecv(w.WRID, bufs[w.WRID]) != nil {
 				return
@@ -327,9 +328,9 @@ func (c *serverConn) postSend(op verbs.Opcode, invalidate uint32, pieces ...[]by
 	if err != nil {
 		return err
 	}
-	k := 0
+	k, mem := 0, buf.Bytes()
 	for _, p := range pieces {
-		k += copy(buf[k:], p)
+		k += copy(mem[k:], p)
 	}
 	return c.post(verbs.SendWR{WRID: c.wr.Add(1), Opcode: op, InvalidateSTag: invalidate}, buf, n, wrDone{})
 }
@@ -340,7 +341,7 @@ func (c *serverConn) postSend(op verbs.Opcode, invalidate uint32, pieces ...[]by
 // back to the pool, drop a hold on ref. Only then may the memory be
 // reused: the queue pair no longer touches it.
 type wrDone struct {
-	buf    []byte
+	buf    *mrcache.Buffer
 	in     bool // buf is the sink of an RDMA Read (see getBuf)
 	copyTo []byte
 	ch     chan<- verbs.Completion
@@ -349,7 +350,7 @@ type wrDone struct {
 
 func (d wrDone) run(c *serverConn, w verbs.Completion) {
 	if d.copyTo != nil && w.Status == verbs.StatusSuccess {
-		copy(d.copyTo, d.buf)
+		copy(d.copyTo, d.buf.Bytes())
 	}
 	if d.ch != nil {
 		d.ch <- w
@@ -377,12 +378,16 @@ func (c *serverConn) takeDone(wrid uint64) (wrDone, bool) {
 	return d, ok
 }
 
-// post posts wr with buf[:n] as its one SGE; buf goes back to the pool
-// once wr has completed (d.buf is set to it).
-func (c *serverConn) post(wr verbs.SendWR, buf []byte, n int, d wrDone) error {
-	sge, _ := c.s.pool.Locate(buf[:max(n, 1)])
-	sge.Length = uint32(n)
+// post posts wr with the first n bytes of buf as its one SGE; buf goes
+// back to the pool once wr has completed (d.buf is set to it).
+func (c *serverConn) post(wr verbs.SendWR, buf *mrcache.Buffer, n int, d wrDone) error {
 	d.buf = buf
+	sge, err := buf.SGE(0, max(n, 1))
+	if err != nil {
+		d.release(c)
+		return fmt.Errorf("rpcrdma: responder: post %v: %w", wr.Opcode, err)
+	}
+	sge.Length = uint32(n)
 	return c.postSGE(wr, sge, d)
 }
 
@@ -415,16 +420,23 @@ func (c *serverConn) postSGE(wr verbs.SendWR, sge verbs.SGE, d wrDone) error {
 // (oncrpc.ReplyReleaser) when the last one completes. A nil replyRef
 // means the handler does not recycle replies: its data is copied.
 type replyRef struct {
-	n       atomic.Int32
-	reply   []byte
-	handler oncrpc.ReplyReleaser
+	n     atomic.Int32
+	reply oncrpc.View
+	// One of these gives it back (kept as interfaces: a method value
+	// would cost every reply an allocation).
+	viewHandler oncrpc.ViewHandler
+	releaser    oncrpc.ReplyReleaser
 }
 
 func (r *replyRef) hold() { r.n.Add(1) }
 
 func (r *replyRef) drop() {
 	if r.n.Add(-1) == 0 {
-		r.handler.ReleaseReply(r.reply)
+		if r.viewHandler != nil {
+			r.viewHandler.ReleaseView(r.reply)
+		} else {
+			r.releaser.ReleaseReply(r.reply.Bytes())
+		}
 	}
 }
 
@@ -483,15 +495,13 @@ func (c *serverConn) handleCall(msg []byte, leave func()) {
 	defer release()
 	c.s.stats.bytesIn.Add(uint64(len(call)))
 	c.s.calls.Add(1)
-	reply := c.handler.HandleCall(call)
-	if reply == nil {
+	reply, ref := c.runHandler(call)
+	if reply.IsZero() {
 		c.s.stats.unanswered.Add(1)
 		return
 	}
-	c.s.stats.bytesOut.Add(uint64(len(reply)))
-	var ref *replyRef
-	if r, ok := c.handler.(oncrpc.ReplyReleaser); ok {
-		ref = &replyRef{reply: reply, handler: r}
+	c.s.stats.bytesOut.Add(uint64(reply.Len()))
+	if ref != nil {
 		ref.hold()
 		defer ref.drop()
 	}
@@ -512,7 +522,8 @@ func (c *serverConn) handleCall(msg []byte, leave func()) {
 // sendReply returns reply through the chunks the call offered (RFC 8166
 // s3.5): the DDP-eligible result into the first Write chunk, then inline
 // if the rest fits, else into the Reply chunk as RDMA_NOMSG.
-func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRef) error {
+func (c *serverConn) sendReply(call *Header, callMsg []byte, replyView oncrpc.View, ref *replyRef) error {
+	reply := replyView.Bytes()
 	// v2 s5.3: a reply has the version of its call.
 	out := Header{XID: call.XID, Vers: call.Vers, Credit: c.grant(), Proc: ProcMsg}
 	sendSize, remInv := c.sendParams()
@@ -537,7 +548,7 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 				if n > chunkLen(chunk) {
 					return fmt.Errorf("%w: %d-byte result for a %d-byte Write chunk", ErrChunkRejected, n, chunkLen(chunk))
 				}
-				if err := c.rdmaWrite(chunk, reply[off:off+n], ret, ref); err != nil {
+				if err := c.rdmaWrite(chunk, replyView.Slice(off, off+n), ret, ref); err != nil {
 					return err
 				}
 				head, tail = reply[:off], reply[min(off+xdr.RoundUp(n), len(reply)):]
@@ -570,7 +581,7 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 		}
 		ret := make([]Segment, len(call.Reply))
 		copy(ret, call.Reply)
-		if err := c.rdmaWrite(call.Reply, payload, ret, nil); err != nil {
+		if err := c.rdmaWrite(call.Reply, oncrpc.Plain(payload), ret, nil); err != nil {
 			return err
 		}
 		out.Proc = ProcNoMsg
@@ -588,6 +599,21 @@ func (c *serverConn) sendReply(call *Header, callMsg, reply []byte, ref *replyRe
 		c.tracef("reply xid=%#x proc=%d inline=%d writes=%s reply=%s", call.XID, out.Proc, len(head)+len(tail), chunksString(out.Writes), segsString(out.Reply))
 	}
 	return c.postSend(op, inv, e.Bytes(), head, tail)
+}
+
+// runHandler runs the handler on call and returns its reply and, if the
+// handler recycles replies, the reference that gives it back once the
+// RDMA Writes from it are done (nil: its data is copied).
+func (c *serverConn) runHandler(call []byte) (oncrpc.View, *replyRef) {
+	if vh, ok := c.handler.(oncrpc.ViewHandler); ok {
+		reply := vh.HandleCallView(call)
+		return reply, &replyRef{reply: reply, viewHandler: vh}
+	}
+	reply := oncrpc.Plain(c.handler.HandleCall(call))
+	if r, ok := c.handler.(oncrpc.ReplyReleaser); ok {
+		return reply, &replyRef{reply: reply, releaser: r}
+	}
+	return reply, nil
 }
 
 func (c *serverConn) sendError(call *Header, code uint32) {

@@ -5,6 +5,8 @@ import (
 	"io"
 
 	"github.com/rdmafs/rdmafs/verbs"
+
+	"github.com/rdmafs/rdmafs/mrcache"
 )
 
 // Accepting a connection: its receive buffers posted in Setup, before
@@ -13,7 +15,7 @@ import (
 
 // connSetup is what setupQP prepared for a connection.
 type connSetup struct {
-	bufs  [][]byte
+	bufs  []*mrcache.Buffer
 	mem   *connBudget
 	src   string        // the source admit counted the connection against
 	taken chan struct{} // closed once acceptLoop owns the connection
@@ -33,7 +35,7 @@ func (s *Responder) setupQP(qp verbs.QueuePair) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupWait)
 	defer cancel()
-	cs := &connSetup{bufs: make([][]byte, 0, recvCount(1)), mem: newConnBudget(s.cfg.ConnMemory / 2),
+	cs := &connSetup{bufs: make([]*mrcache.Buffer, 0, recvCount(1)), mem: newConnBudget(s.cfg.ConnMemory / 2),
 		src: src, taken: make(chan struct{})}
 	fail := func(err error) error {
 		for _, b := range cs.bufs {

@@ -33,8 +33,6 @@ const backwardSlots = 2
 // reply goes out.
 func recvCount(credits int) int { return credits + backwardSlots + 4 }
 
-func (s *Responder) recvCount() int { return recvCount(s.cfg.Credits) }
-
 // ErrBackwardRejected is returned by ResponderConn.Call when the requester
 // answered a backward call with RDMA_ERROR.
 var ErrBackwardRejected = errors.New("rpcrdma: backward call answered with RDMA_ERROR")

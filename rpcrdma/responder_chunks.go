@@ -10,6 +10,8 @@ import (
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/mrcache"
 	"github.com/rdmafs/rdmafs/verbs"
+
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
 // The responder's RDMA Reads of Read chunks and RDMA Writes of Write and
@@ -58,18 +60,19 @@ func (c *serverConn) pullReadChunks(h *Header, inline []byte) (call []byte, rele
 	size := len(inline) + total + pad
 	var buf []byte
 	var put func()
+	var into *mrcache.Buffer // the registered buffer buf is, nil for ordinary memory
 	if size <= mrcache.ChunkSize {
 		b, err := c.getBuf(size, true, false)
 		if err != nil {
 			return nil, nil, err
 		}
-		buf, put = b[:size], func() { c.putBuf(b, true) }
+		buf, put, into = b.Bytes()[:size], func() { c.putBuf(b, true) }, b
 	} else {
 		bp := getCallBuf(size)
 		buf, put = *bp, func() { putCallBuf(bp) }
 	}
 	copy(buf, inline[:pos])
-	if err := c.rdmaRead(h.Reads, buf[pos:int(pos)+total]); err != nil {
+	if err := c.rdmaRead(h.Reads, buf[pos:int(pos)+total], into, int(pos)); err != nil {
 		put()
 		return nil, nil, err
 	}
@@ -109,9 +112,10 @@ func putCallBuf(bp *[]byte) {
 // memory is a slab buffer of at most this size.
 const rdmaPiece = 1 << 20
 
-// rdmaRead reads the segments, in order, into dst (RFC 5040 RDMA Read),
-// through registered buffers of at most rdmaPiece bytes.
-func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
+// rdmaRead reads the segments, in order, into dst (RFC 5040 RDMA Read):
+// straight into it when dst is the bytes at at in into, a registered
+// buffer, else through registered buffers of at most rdmaPiece bytes.
+func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte, into *mrcache.Buffer, at int) error {
 	type piece struct {
 		dst []byte
 		ch  chan verbs.Completion
@@ -155,9 +159,12 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 			wr := verbs.SendWR{WRID: c.wr.Add(1) | 1<<63, Opcode: verbs.OpRDMARead, RemoteSTag: s.Handle,
 				RemoteOffset: s.Offset + uint64(done), Length: n}
 			var err error
-			if sge, ok := c.s.pool.Locate(p.dst); ok {
+			if into != nil {
 				// Straight into the registered call buffer.
-				err = c.postSGE(wr, sge, wrDone{ch: p.ch})
+				var sge verbs.SGE
+				if sge, err = into.SGE(at+off, int(n)); err == nil {
+					err = c.postSGE(wr, sge, wrDone{ch: p.ch})
+				}
 			} else {
 				buf, gerr := c.getBuf(int(n), true, false)
 				if gerr != nil {
@@ -180,12 +187,15 @@ func (c *serverConn) rdmaRead(segs []ReadSegment, dst []byte) error {
 	return wait()
 }
 
-// rdmaWrite writes data across chunk's segments in order and records the
-// lengths used in ret.
-func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref *replyRef) error {
+// rdmaWrite writes the bytes of view across chunk's segments in order
+// and records the lengths used in ret.
+func (c *serverConn) rdmaWrite(chunk []Segment, view oncrpc.View, ret []Segment, ref *replyRef) error {
 	// Data the handler built in our registered memory, and will not
 	// touch until it is released, goes out from where it is.
-	direct := ref != nil && c.s.pool.Contains(data)
+	owner, at := view.Owner()
+	src, direct := owner.(*mrcache.Buffer)
+	direct = direct && ref != nil && src.Pool() == c.s.pool
+	data := view.Bytes()
 	for i, s := range chunk {
 		if len(data) == 0 {
 			ret[i].Length = 0
@@ -196,7 +206,10 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref 
 			k := min(n-done, rdmaPiece)
 			wr := verbs.SendWR{WRID: c.wr.Add(1), Opcode: verbs.OpRDMAWrite, RemoteSTag: s.Handle, RemoteOffset: s.Offset + uint64(done)}
 			if direct {
-				sge, _ := c.s.pool.Locate(data[done : done+k])
+				sge, err := src.SGE(at+done, k)
+				if err != nil {
+					return fmt.Errorf("RDMA Write: %w", err)
+				}
 				ref.hold()
 				if err := c.postSGE(wr, sge, wrDone{ref: ref}); err != nil {
 					return fmt.Errorf("RDMA Write: %w", err)
@@ -208,7 +221,7 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref 
 			if err != nil {
 				return fmt.Errorf("RDMA Write: %w", err)
 			}
-			copy(buf, data[done:done+k])
+			copy(buf.Bytes(), data[done:done+k])
 			if err := c.post(wr, buf, k, wrDone{}); err != nil {
 				return fmt.Errorf("RDMA Write: %w", err)
 			}
@@ -216,6 +229,7 @@ func (c *serverConn) rdmaWrite(chunk []Segment, data []byte, ret []Segment, ref 
 		}
 		ret[i].Length = uint32(n)
 		data = data[n:]
+		at += n
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/rdmafs/rdmafs/mrcache"
 )
 
 // Limits of the responder per connection, so that one requester, broken
@@ -81,14 +83,14 @@ func (b *connBudget) release(n int64) {
 // s5.2: the Read Response's last segment ends exactly at its size), and
 // the call rebuilt around it is written whole (inline parts, the Read,
 // the padding). What we send from, we fill ourselves.
-func (c *serverConn) getBuf(n int, in, zero bool) ([]byte, error) {
+func (c *serverConn) getBuf(n int, in, zero bool) (*mrcache.Buffer, error) {
 	if in {
 		return c.s.getBuf(c.ctx, c.mem, n, zero)
 	}
 	return c.s.getBuf(c.ctx, c.out, n, zero)
 }
 
-func (s *Responder) getBuf(ctx context.Context, mem *connBudget, n int, zero bool) ([]byte, error) {
+func (s *Responder) getBuf(ctx context.Context, mem *connBudget, n int, zero bool) (*mrcache.Buffer, error) {
 	n = max(n, 1)
 	if err := mem.acquire(ctx, int64(n)); err != nil {
 		return nil, err
@@ -99,18 +101,22 @@ func (s *Responder) getBuf(ctx context.Context, mem *connBudget, n int, zero boo
 		return nil, err
 	}
 	if zero {
-		clear(b)
+		clear(b.Bytes())
 	}
 	return b, nil
 }
 
 // putBuf gives back a buffer getBuf returned with the same in.
-func (c *serverConn) putBuf(b []byte, in bool) {
-	_ = c.s.pool.Put(b)
+func (c *serverConn) putBuf(b *mrcache.Buffer, in bool) {
+	size := int64(len(b.Bytes())) // what getBuf took: its n, at least 1
 	if in {
-		c.mem.release(int64(cap(b)))
+		_ = c.s.pool.Put(b)
+		c.mem.release(size)
 	} else {
-		c.out.release(int64(cap(b)))
+		// A Send or RDMA Write source never left the connection: its
+		// handle is reused.
+		_ = c.s.pool.Recycle(b)
+		c.out.release(size)
 	}
 }
 

@@ -28,7 +28,7 @@ func (c *serverConn) grant() uint32 {
 // connection's share and the slab have now without waiting (serve must
 // go on receiving): what it cannot have is not granted, and the next call
 // tries again.
-func (c *serverConn) growRecv(bufs [][]byte) [][]byte {
+func (c *serverConn) growRecv(bufs []*mrcache.Buffer) []*mrcache.Buffer {
 	want := recvCount(c.s.cfg.Credits)
 	if len(bufs) >= want {
 		return bufs
@@ -57,10 +57,10 @@ func (c *serverConn) growRecv(bufs [][]byte) [][]byte {
 
 // repostRecv posts buf again as receive wrid, whose last buffer the
 // queue pair has completed: its scatter list can be reused.
-func (c *serverConn) repostRecv(wrid uint64, buf []byte) error {
-	sge, ok := c.s.pool.Locate(buf)
-	if !ok {
-		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
+func (c *serverConn) repostRecv(wrid uint64, buf *mrcache.Buffer) error {
+	sge, err := buf.SGE(0, len(buf.Bytes()))
+	if err != nil {
+		return fmt.Errorf("rpcrdma: responder receive buffer: %w", err)
 	}
 	for uint64(len(c.recvSGL)) <= wrid {
 		c.recvSGL = append(c.recvSGL, [1]verbs.SGE{})
@@ -69,10 +69,10 @@ func (c *serverConn) repostRecv(wrid uint64, buf []byte) error {
 	return c.qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: c.recvSGL[wrid][:]})
 }
 
-func (s *Responder) postRecv(qp verbs.QueuePair, wrid uint64, buf []byte) error {
-	sge, ok := s.pool.Locate(buf)
-	if !ok {
-		return fmt.Errorf("rpcrdma: responder receive buffer: %w", mrcache.ErrNotRegistered)
+func (s *Responder) postRecv(qp verbs.QueuePair, wrid uint64, buf *mrcache.Buffer) error {
+	sge, err := buf.SGE(0, len(buf.Bytes()))
+	if err != nil {
+		return fmt.Errorf("rpcrdma: responder receive buffer: %w", err)
 	}
 	return qp.PostRecv(verbs.RecvWR{WRID: wrid, SGL: []verbs.SGE{sge}})
 }

@@ -3,6 +3,8 @@ package rpcrdma
 import (
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/verbs"
+
+	"github.com/rdmafs/rdmafs/mrcache"
 )
 
 // The responder's side of version 2 (draft-cel-nfsv4-rpcrdma-version-two)
@@ -36,10 +38,10 @@ func (c *serverConn) sendParams() (int, bool) {
 // has the new size, the requester is told with UPDXCH: it must never send
 // at the new size before then (xcharext s3.1, s3: whoever changes a
 // characteristic must not break the peer).
-func (c *serverConn) nextRecvBuf(old []byte) []byte {
+func (c *serverConn) nextRecvBuf(old *mrcache.Buffer) *mrcache.Buffer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.growTo == 0 || len(old) >= c.growTo {
+	if c.growTo == 0 || len(old.Bytes()) >= c.growTo {
 		return old
 	}
 	size := c.growTo

@@ -166,7 +166,7 @@ func callHeaderSize(t *testing.T, ourSend, peerRecv int) {
 			xid++
 			head := mkCall(xid, procEcho)
 			head = append(head, make([]byte, threshold-tc.hdr+extra-len(head))...)
-			call := &oncrpc.Call{XID: xid, Head: head, ReplyBulk: tc.replyBulk, MaxReplySize: 8000}
+			call := &oncrpc.Call{XID: xid, Head: head, ReplyBulk: oncrpc.Plain(tc.replyBulk), MaxReplySize: 8000}
 			ch := goRoundTrip(fp.ctx, tr, call)
 			m := pc.recv()
 			wantProc := uint32(ProcMsg)

@@ -42,9 +42,9 @@ func TestHostileHardwareStaleBytes(t *testing.T) {
 	}
 	written := pattern(100)
 
-	writeChunk := func(t *testing.T, xid uint32, dest []byte, mem oncrpc.Registered) {
+	writeChunk := func(t *testing.T, xid uint32, dest oncrpc.View) {
 		ch := goRoundTrip(fp.ctx, tr, &oncrpc.Call{XID: xid, Head: mkCall(xid, procSource, be32(exposedDest)),
-			ReplyBulk: dest, ReplyBulkMem: mem, MaxReplySize: 128})
+			ReplyBulk: dest, MaxReplySize: 128})
 		m := pc.recvCall()
 		if len(m.Hdr.Writes) != 1 || len(m.Hdr.Writes[0]) != 1 {
 			t.Fatalf("Write chunks %v", m.Hdr.Writes)
@@ -61,7 +61,7 @@ func TestHostileHardwareStaleBytes(t *testing.T) {
 			t.Fatal(r.err)
 		}
 		defer r.rep.Release()
-		got := dest[:r.rep.BulkLen]
+		got := dest.Bytes()[:r.rep.BulkLen]
 		if !bytes.HasPrefix(got, written) {
 			t.Fatalf("the %d bytes written are not at the start of the %d delivered", len(written), len(got))
 		}
@@ -72,16 +72,16 @@ func TestHostileHardwareStaleBytes(t *testing.T) {
 
 	t.Run("write-registered", func(t *testing.T) {
 		fillSlab(t, pool)
-		lent, err := pool.Alloc(exposedDest)
+		lent, err := pool.Get(exposedDest)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer lent.Release()
-		writeChunk(t, 80, lent.Bytes(), lent)
+		writeChunk(t, 80, oncrpc.Lent(lent))
 	})
 	t.Run("write-bounce", func(t *testing.T) {
 		fillSlab(t, pool)
-		writeChunk(t, 81, make([]byte, exposedDest), nil)
+		writeChunk(t, 81, oncrpc.Plain(make([]byte, exposedDest)))
 	})
 	t.Run("reply-chunk", func(t *testing.T) {
 		fillSlab(t, pool)

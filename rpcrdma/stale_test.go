@@ -49,13 +49,13 @@ func noMarker(n int, seed byte) []byte {
 // holds the marker.
 func fillSlabByte(t *testing.T, p *mrcache.Pool, n int) {
 	t.Helper()
-	var held [][]byte
+	var held []*mrcache.Buffer
 	for got := 0; got < n; got += mrcache.ChunkSize {
 		b, err := p.GetWait(noWait, mrcache.ChunkSize) // up to the budget
 		if err != nil {
 			break
 		}
-		fill(b, slabMarker)
+		fill(b.Bytes(), slabMarker)
 		held = append(held, b)
 	}
 	if len(held) == 0 {
@@ -97,7 +97,7 @@ func TestNoStaleBytes(t *testing.T) {
 		fillSlabByte(t, env.tr.Buffers(), 64<<20)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		regDest, err := env.tr.Buffers().Alloc(1 << 20)
+		regDest, err := env.tr.Buffers().Get(1 << 20)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,28 +106,28 @@ func TestNoStaleBytes(t *testing.T) {
 			name string
 			call func(xid uint32) (*oncrpc.Call, []byte) // the call; the data expected back
 		}
-		echo := func(n int, dest []byte, mem oncrpc.Registered) func(uint32) (*oncrpc.Call, []byte) {
+		echo := func(n int, dest oncrpc.View) func(uint32) (*oncrpc.Call, []byte) {
 			return func(xid uint32) (*oncrpc.Call, []byte) {
 				data := noMarker(n, byte(xid))
 				var e xdr.Encoder
 				oncrpc.AppendCallHeader(&e, xid, echoProg, 1, procEcho, oncrpc.AuthNone)
 				e.Uint32(uint32(n))
 				maxReply := 128
-				if dest == nil {
+				if dest.IsZero() {
 					maxReply += n
 				} else {
-					dest = dest[:n]
-					fill(dest, slabMarker)
+					dest = dest.Slice(0, n)
+					fill(dest.Bytes(), slabMarker)
 				}
-				return &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: data, ReplyBulk: dest, ReplyBulkMem: mem, MaxReplySize: maxReply}, data
+				return &oncrpc.Call{XID: xid, Head: e.Bytes(), Bulk: oncrpc.Plain(data), ReplyBulk: dest, MaxReplySize: maxReply}, data
 			}
 		}
 		cases := []tc{
-			{"inline both ways", echo(101, nil, nil)},
-			{"Read chunk, Reply chunk", echo(5001, nil, nil)},
-			{"Read chunk, Write chunk", echo(65537, make([]byte, 65537), nil)},
-			{"Read chunk, Write chunk in registered memory", echo(1<<20-3, regDest.Bytes(), regDest)},
-			{"Read chunk, Write chunk of many segments", echo(3<<20+1, make([]byte, 3<<20+1), nil)},
+			{"inline both ways", echo(101, oncrpc.View{})},
+			{"Read chunk, Reply chunk", echo(5001, oncrpc.View{})},
+			{"Read chunk, Write chunk", echo(65537, oncrpc.Plain(make([]byte, 65537)))},
+			{"Read chunk, Write chunk in registered memory", echo(1<<20-3, oncrpc.Lent(regDest))},
+			{"Read chunk, Write chunk of many segments", echo(3<<20+1, oncrpc.Plain(make([]byte, 3<<20+1)))},
 			{"Position-Zero Read chunk", func(xid uint32) (*oncrpc.Call, []byte) {
 				// A large call without Bulk, whose reply fits inline.
 				data := noMarker(9001, byte(xid))
@@ -157,10 +157,10 @@ func TestNoStaleBytes(t *testing.T) {
 					}
 				case rep.BulkPlaced:
 					n := int(d.Uint32())
-					if n != rep.BulkLen || n > len(call.ReplyBulk) {
+					if n != rep.BulkLen || n > call.ReplyBulk.Len() {
 						t.Fatalf("%s: count %d, %d placed", c.name, n, rep.BulkLen)
 					}
-					got = call.ReplyBulk[:n]
+					got = call.ReplyBulk.Bytes()[:n]
 				default:
 					got = d.Opaque(len(want))
 				}

@@ -27,7 +27,7 @@ func buffersOf(t oncrpc.Transport) fuse.BufferPool {
 type slabBuffers struct{ pool *mrcache.Pool }
 
 func (s slabBuffers) Alloc(n int) (fuse.Buffer, error) {
-	b, err := s.pool.Alloc(n)
+	b, err := s.pool.Get(n)
 	if err != nil {
 		return nil, err
 	}

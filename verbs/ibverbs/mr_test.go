@@ -26,7 +26,7 @@ func TestDeregFailureKeepsKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := pool.Expose(buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+	reg, err := buf.Expose(0, 8192, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,8 +81,8 @@ func TestSGEsOfThisDomainOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sge, _ := pool.Locate(mine)
-	foreign, _ := other.Locate(theirs)
+	sge, _ := mine.SGE(0, 4096)
+	foreign, _ := theirs.SGE(0, 4096)
 	addr, lkey, err := h.sge(sge, verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatalf("SGE of this domain: %v", err)
@@ -93,7 +93,7 @@ func TestSGEsOfThisDomainOnly(t *testing.T) {
 	if _, _, err := h.sge(foreign, verbs.AccessLocalWrite); !errors.Is(err, verbs.ErrInvalidWR) {
 		t.Fatalf("SGE of another domain: %v, want ErrInvalidWR", err)
 	}
-	reg, err := pool.Expose(mine, verbs.AccessRemoteRead)
+	reg, err := mine.Expose(0, 4096, verbs.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}

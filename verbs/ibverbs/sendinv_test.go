@@ -16,7 +16,7 @@ type sendInvEnv struct {
 	h    *hook
 	q    *queuePair
 	pool *mrcache.Pool
-	buf  []byte
+	buf  *mrcache.Buffer
 	next uint64
 }
 
@@ -48,9 +48,9 @@ func (e *sendInvEnv) postRecv() uint64 {
 // know it, and whether the device accepts it.
 func (e *sendInvEnv) chunkKey(t *testing.T) (uint32, bool) {
 	t.Helper()
-	sge, ok := e.pool.Locate(e.buf)
-	if !ok {
-		t.Fatal("receive buffer is not slab memory")
+	sge, err := e.buf.SGE(0, 4096)
+	if err != nil {
+		t.Fatal(err)
 	}
 	e.h.mu.Lock()
 	r := e.h.regs[sge.MR]

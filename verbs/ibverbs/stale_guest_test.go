@@ -41,8 +41,8 @@ type overclaimServer struct {
 	t    *testing.T
 	qp   verbs.QueuePair
 	pool *mrcache.Pool
-	recv [][]byte
-	out  []byte // send and RDMA Write source
+	recv []*mrcache.Buffer
+	out  *mrcache.Buffer // send and RDMA Write source
 }
 
 const overclaimWritten = 100
@@ -95,18 +95,18 @@ func startOverclaimServer(ctx context.Context, t *testing.T, p *ibverbs.Provider
 }
 
 func (s *overclaimServer) postRecv(qp verbs.QueuePair, i int) error {
-	sge, ok := s.pool.Locate(s.recv[i])
-	if !ok {
-		return fmt.Errorf("receive buffer outside the slab")
+	sge, err := s.recv[i].SGE(0, 8192)
+	if err != nil {
+		return err
 	}
 	return qp.PostRecv(verbs.RecvWR{WRID: uint64(i), SGL: []verbs.SGE{sge}})
 }
 
 // post posts wr with n bytes of s.out and waits for its completion.
 func (s *overclaimServer) post(ctx context.Context, wr verbs.SendWR, n int) error {
-	sge, ok := s.pool.Locate(s.out[:n])
-	if !ok {
-		return fmt.Errorf("send buffer outside the slab")
+	sge, err := s.out.SGE(0, n)
+	if err != nil {
+		return err
 	}
 	wr.SGL = []verbs.SGE{sge}
 	if err := s.qp.PostSend(wr); err != nil {
@@ -136,7 +136,7 @@ func (s *overclaimServer) serve(ctx context.Context) error {
 			return fmt.Errorf("receive %v", c.Status)
 		}
 		var h rpcrdma.Header
-		if _, err := h.Decode(s.recv[c.WRID][:c.ByteLen], false); err != nil {
+		if _, err := h.Decode(s.recv[c.WRID].Bytes()[:c.ByteLen], false); err != nil {
 			return err
 		}
 		if err := s.postRecv(s.qp, int(c.WRID)); err != nil {
@@ -148,7 +148,7 @@ func (s *overclaimServer) serve(ctx context.Context) error {
 		case len(h.Writes) == 1 && len(h.Writes[0]) == 1:
 			seg := h.Writes[0][0]
 			for i := range overclaimWritten {
-				s.out[i] = byte(i)
+				s.out.Bytes()[i] = byte(i)
 			}
 			if err := s.post(ctx, verbs.SendWR{Opcode: verbs.OpRDMAWrite, RemoteSTag: seg.Handle, RemoteOffset: seg.Offset}, overclaimWritten); err != nil {
 				return err
@@ -160,7 +160,7 @@ func (s *overclaimServer) serve(ctx context.Context) error {
 			seg := h.Reply[0]
 			oncrpc.AppendAcceptedReply(&rpc, h.XID, oncrpc.Success, 0, 0)
 			rpc.Uint32(0)
-			n := copy(s.out, rpc.Bytes())
+			n := copy(s.out.Bytes(), rpc.Bytes())
 			if err := s.post(ctx, verbs.SendWR{Opcode: verbs.OpRDMAWrite, RemoteSTag: seg.Handle, RemoteOffset: seg.Offset}, n); err != nil {
 				return err
 			}
@@ -171,8 +171,8 @@ func (s *overclaimServer) serve(ctx context.Context) error {
 		}
 		var e xdr.Encoder
 		reply.Append(&e)
-		n := copy(s.out, e.Bytes())
-		n += copy(s.out[n:], rpc.Bytes())
+		n := copy(s.out.Bytes(), e.Bytes())
+		n += copy(s.out.Bytes()[n:], rpc.Bytes())
 		if err := s.post(ctx, verbs.SendWR{Opcode: verbs.OpSend}, n); err != nil {
 			return err
 		}
@@ -211,13 +211,13 @@ func TestGuestStaleBytes(t *testing.T) {
 	}
 
 	fillSlab(t, pool)
-	lent, err := pool.Alloc(4096)
+	lent, err := pool.Get(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lent.Release()
 	dest := lent.Bytes()
-	rep, err := tr.RoundTrip(ctx, &oncrpc.Call{XID: 0x51, Head: head(0x51, 4096), ReplyBulk: dest, ReplyBulkMem: lent, MaxReplySize: 128})
+	rep, err := tr.RoundTrip(ctx, &oncrpc.Call{XID: 0x51, Head: head(0x51, 4096), ReplyBulk: oncrpc.Lent(lent), MaxReplySize: 128})
 	if err != nil {
 		t.Fatalf("Write chunk call: %v", err)
 	}
@@ -315,7 +315,7 @@ func TestGuestExposureRate(t *testing.T) {
 			}
 			start := time.Now()
 			for range n {
-				reg, err := m.pool.Expose(buf, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+				reg, err := buf.Expose(0, 4096, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -410,25 +410,27 @@ func TestGuestWindowInvalidated(t *testing.T) {
 	c, s := connectPair(ctx, t, p, addr, pd)
 	spool := mrcache.New(s.PD(), 8<<20)
 	defer spool.Close()
-	buf, err := pool.Get(4096)
+	lentBuf, err := pool.Get(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Put(buf)
+	defer pool.Put(lentBuf)
+	buf := lentBuf.Bytes()
 	clear(buf)
-	src, err := spool.Get(4096)
+	lentSrc, err := spool.Get(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer spool.Put(src)
+	defer spool.Put(lentSrc)
+	src := lentSrc.Bytes()
 	for i := range src {
 		src[i] = 0xa5
 	}
-	sge, ok := spool.Locate(src[:64])
-	if !ok {
-		t.Fatal("source outside the slab")
+	sge, err := lentSrc.SGE(0, 64)
+	if err != nil {
+		t.Fatal(err)
 	}
-	reg, err := pool.Expose(buf[100:1100], verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+	reg, err := lentBuf.Expose(100, 1000, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
