@@ -243,6 +243,52 @@ type Mount struct {
 // c is usually NFSClient of an *nfsclient.Client.
 func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, error) {
 	opts.setDefaults()
+	mo, err := mountOptions(&opts)
+	if err != nil {
+		return nil, err
+	}
+	f := newFS(c, opts)
+	cred := c.Cred(0, 0, nil)
+	a, err := c.GetAttr(ctx, cred, c.RootFH())
+	if err != nil {
+		f.bgCancel()
+		return nil, fmt.Errorf("getattr of export root: %w", err)
+	}
+	f.rootIno = a.FileID
+	if opts.HandleCache != "" {
+		f.openHandleCache(opts.HandleCache)
+	}
+	root := f.newNode(c.RootFH(), &a)
+	f.loadNameMax(ctx, cred)
+
+	zero := time.Duration(0)
+	fo := &fs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &zero, // set per entry from the ac* options
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		NullPermissions: true,
+		RootStableAttr:  &fs.StableAttr{Ino: a.FileID},
+		// The node ID is the inode number, the NFS fileid, so that a
+		// file handle names the object after the kernel forgot it
+		// (export.go).
+		ExternalNodeID: true,
+	}
+	srv, err := f.mount(dir, root, fo)
+	if err != nil {
+		if f.handleCache != nil {
+			f.handleCache.Close()
+		}
+		f.bgCancel()
+		return nil, fmt.Errorf("fuse mount on %s: %w", dir, err)
+	}
+	setReadAhead(dir, readAheadKB)
+	return &Mount{Server: srv, FS: f, Dir: dir}, nil
+}
+
+// newFS returns the state of a mount of c, not yet mounted, with the
+// recall handler and the NFSv4.2 operations set up.
+func newFS(c Client, opts Options) *FS {
 	f := &FS{
 		c:        c,
 		opts:     opts,
@@ -263,19 +309,12 @@ func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, err
 		f.v42.init(v)
 	}
 	f.bg, f.bgCancel = context.WithCancel(context.Background())
-	cred := c.Cred(0, 0, nil)
-	a, err := c.GetAttr(ctx, cred, c.RootFH())
-	if err != nil {
-		return nil, fmt.Errorf("getattr of export root: %w", err)
-	}
-	f.rootIno = a.FileID
-	if opts.HandleCache != "" {
-		f.openHandleCache(opts.HandleCache)
-	}
-	root := f.newNode(c.RootFH(), &a)
-	f.loadNameMax(ctx, cred)
+	return f
+}
 
-	zero := time.Duration(0)
+// mountOptions returns go-fuse's options of a mount with opts: the
+// capabilities the file system uses and the kernel mount's flags.
+func mountOptions(opts *Options) (gofuse.MountOptions, error) {
 	mo := gofuse.MountOptions{
 		FsName:         opts.FSName,
 		Name:           "rdmafs",
@@ -315,52 +354,40 @@ func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, err
 	// path walk could pass a directory the caller may not enter, which
 	// the kernel NFS client prevents with ACCESS on each walk.
 	mo.Options = append(mo.Options, "default_permissions")
-	flags := opts.MountFlags
-	if opts.ReadOnly {
-		flags |= unix.MS_RDONLY
-	}
-	if os.Geteuid() == 0 {
-		// mount(2) itself, with the flags as given. No flags at all
-		// are spelled MS_MGC_VAL, which the kernel drops, or go-fuse
-		// would mount nosuid,nodev; with flags it must not be there
-		// (it takes the bits of strictatime and lazytime).
-		mo.DirectMountStrict = true
-		mo.DirectMountFlags = flags
-		if flags == 0 {
-			mo.DirectMountFlags = unix.MS_MGC_VAL
-		}
-	} else {
-		opts, err := userMountOptions(flags)
-		if err != nil {
-			return nil, err
-		}
-		mo.Options = append(mo.Options, opts...)
+	if err := setMountFlags(&mo, opts); err != nil {
+		return mo, err
 	}
 	if opts.Debug {
 		mo.Logger = log.New(os.Stderr, "fuse: ", log.Lmicroseconds)
 	}
-	fo := &fs.Options{
-		MountOptions:    mo,
-		EntryTimeout:    &zero, // set per entry from the ac* options
-		AttrTimeout:     &zero,
-		NegativeTimeout: &zero,
-		NullPermissions: true,
-		RootStableAttr:  &fs.StableAttr{Ino: a.FileID},
-		// The node ID is the inode number, the NFS fileid, so that a
-		// file handle names the object after the kernel forgot it
-		// (export.go).
-		ExternalNodeID: true,
+	return mo, nil
+}
+
+// setMountFlags puts the kernel mount's flags into mo: mount(2)'s for
+// root, fusermount3's options for an ordinary user.
+func setMountFlags(mo *gofuse.MountOptions, opts *Options) error {
+	flags := opts.MountFlags
+	if opts.ReadOnly {
+		flags |= unix.MS_RDONLY
 	}
-	srv, err := f.mount(dir, root, fo)
-	if err != nil {
-		if f.handleCache != nil {
-			f.handleCache.Close()
+	if os.Geteuid() != 0 {
+		names, err := userMountOptions(flags)
+		if err != nil {
+			return err
 		}
-		f.bgCancel()
-		return nil, fmt.Errorf("fuse mount on %s: %w", dir, err)
+		mo.Options = append(mo.Options, names...)
+		return nil
 	}
-	setReadAhead(dir, readAheadKB)
-	return &Mount{Server: srv, FS: f, Dir: dir}, nil
+	// mount(2) itself, with the flags as given. No flags at all are
+	// spelled MS_MGC_VAL, which the kernel drops, or go-fuse would mount
+	// nosuid,nodev; with flags it must not be there (it takes the bits
+	// of strictatime and lazytime).
+	mo.DirectMountStrict = true
+	mo.DirectMountFlags = flags
+	if flags == 0 {
+		mo.DirectMountFlags = unix.MS_MGC_VAL
+	}
+	return nil
 }
 
 // userMountOptions spells flags as fusermount3's options (fuse 3.14,
