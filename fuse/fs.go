@@ -189,13 +189,11 @@ type FS struct {
 	closing int        // releases in progress
 	closed  *sync.Cond // signalled when closing drops
 
-	flushOwners sync.Map // FLUSH in progress -> its lock owner (rawhooks.go)
-	// flushHolding: FLUSH in progress -> the file still holds locks
-	// after it (rawhooks.go releaseWait).
-	flushHolding sync.Map
-	writeFlags   sync.Map // WRITE in progress -> FUSE_WRITE_KILL_SUIDGID (rawhooks.go)
-	locks        lockTable
-	nameMax      int // longest name the server takes (names.go)
+	// reqs are the requests under way that the raw hooks pass data
+	// of to the node methods (request.go).
+	reqs    inflight
+	locks   lockTable
+	nameMax int // longest name the server takes (names.go)
 	// directIOMmap: the kernel maps files opened with FOPEN_DIRECT_IO
 	// (FUSE_DIRECT_IO_ALLOW_MMAP); set once at INIT.
 	directIOMmap bool
