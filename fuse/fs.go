@@ -40,7 +40,25 @@ import (
 	"github.com/rdmafs/rdmafs/fuse/uring"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
+
+// Session is the client's session: its parameters and its end.
+type Session interface {
+	// Cred returns the AUTH_SYS credential of a caller (cred.go).
+	Cred(uid, gid uint32, groups []uint32) oncrpc.Credential
+	// RootFH is the export root's file handle.
+	RootFH() []byte
+	// RSize and WSize are the largest READ and WRITE, MaxFileSize the
+	// server's FATTR4_MAXFILESIZE (zero: unknown).
+	RSize() int
+	WSize() int
+	MaxFileSize() uint64
+	// Abandon gives up on the server: calls waiting for it fail.
+	Abandon()
+	// Close ends the session and the client ID.
+	Close(ctx context.Context) error
+}
 
 // Options tune a mount. Zero values take nfs(5)'s defaults.
 type Options struct {
@@ -169,9 +187,11 @@ func (c *Counters) noteErrno(op string, err error, errno syscall.Errno) {
 
 // FS is the state shared by all nodes of one mount.
 type FS struct {
-	c    Client
-	opts Options
-	tr   *trace.Tracer
+	c Client
+	// deleg is c's delegations; nil when c has none (deleg.go).
+	deleg Delegations
+	opts  Options
+	tr    *trace.Tracer
 
 	// bg outlives single requests: UNSTABLE WRITEs run on it after the
 	// FUSE WRITE that buffered them has returned.
@@ -302,7 +322,10 @@ func newFS(c Client, opts Options) *FS {
 	f.closed = sync.NewCond(&f.mu)
 	f.removeDone = sync.NewCond(&f.mu)
 	f.heap.size = c.WSize()
-	c.SetRecallHandler(f.recall)
+	if d, ok := c.(Delegations); ok {
+		f.deleg = d
+		d.SetRecallHandler(f.recall)
+	}
 	if v, ok := c.(v42Ops); ok {
 		f.v42.init(v)
 	}
