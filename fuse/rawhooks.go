@@ -46,7 +46,11 @@ type fileKey struct{ node, fh uint64 }
 // releaseGrace bounds the wait for the RELEASE of a file flushed with
 // locks held. The RELEASE of a last close is queued before close(2)
 // returns, so it is read before any lock request that follows; only
-// the reading goroutine may lag behind the lock request's.
+// the reading goroutine may lag behind the lock request's. The grace is
+// about the order of two requests, not about one's data, so requestInfo
+// cannot replace it: go-fuse reads /dev/fuse from several goroutines and
+// tells the file system neither the order it read requests in nor
+// whether a FLUSH was the last close.
 const releaseGrace = 250 * time.Millisecond
 
 func newReleaseWait() *releaseWait {
