@@ -1,6 +1,7 @@
 package fuse
 
 import (
+	"context"
 	"syscall"
 	"time"
 
@@ -8,7 +9,19 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
+
+// Attributes are the calls on an object's attributes: GETATTR, SETATTR
+// (with the stateid of an open file for a size change, RFC 8881
+// s18.30), ACCESS, and the file system's attributes that statfs(2)
+// shows.
+type Attributes interface {
+	GetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte) (nfsclient.Attr, error)
+	SetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, sa *nfsclient.SetAttr) (nfsclient.Attr, error)
+	Access(ctx context.Context, cred oncrpc.Credential, fh []byte, mask uint32) (granted uint32, err error)
+	StatFS(ctx context.Context, cred oncrpc.Credential, fh []byte) (nfsclient.Attr, error)
+}
 
 // typeBits returns the S_IFMT bits of an NFS file type (RFC 8881 s5.8.1.2).
 func typeBits(t nfsclient.FileType) uint32 {

@@ -8,46 +8,26 @@ import (
 )
 
 // Client is what a mount needs of an NFSv4.1 client: the operations the
-// FUSE requests turn into, declared here by their one user so that the
-// caches, the write-back and the folds of this package can run over
-// another implementation too (an in-memory one in tests). NFSClient
-// makes one of an *nfsclient.Client, whose methods of the same names
-// document what each does; the NFSv4.2 operations are v42Ops, taken when
-// a Client has them.
+// FUSE requests turn into, by concern, each declared by the part of this
+// package that calls it, so that the caches, the write-back and the
+// folds of this package can run over another implementation too (an
+// in-memory one in tests). NFSClient makes one of an *nfsclient.Client,
+// whose methods of the same names document what each does. A Client
+// that has them also serves Delegations (deleg.go) and the NFSv4.2
+// operations (v42Ops, v42.go); without, the mount holds no delegation
+// and does as on NFSv4.1.
 type Client interface {
-	// Session parameters.
-	Cred(uid, gid uint32, groups []uint32) oncrpc.Credential
-	RootFH() []byte
-	RSize() int
-	WSize() int
-	MaxFileSize() uint64
+	Session    // fs.go
+	Attributes // attr.go
+	Namespace  // node.go
+	DirReader  // dir.go
+	FileData   // below
+	Locks      // lock.go
+}
 
-	// Delegations (deleg.go) and the end of the session.
-	SetRecallHandler(h nfsclient.RecallHandler)
-	Delegated(fh []byte) bool
-	ReturnDelegation(fh []byte)
-	Abandon()
-	Close(ctx context.Context) error
-
-	// Attributes and the namespace.
-	GetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte) (nfsclient.Attr, error)
-	SetAttr(ctx context.Context, cred oncrpc.Credential, fh []byte, sid nfsclient.StateID, sa *nfsclient.SetAttr) (nfsclient.Attr, error)
-	Access(ctx context.Context, cred oncrpc.Credential, fh []byte, mask uint32) (granted uint32, err error)
-	StatFS(ctx context.Context, cred oncrpc.Credential, fh []byte) (nfsclient.Attr, error)
-	Lookup(ctx context.Context, cred oncrpc.Credential, dir []byte, name string) ([]byte, nfsclient.Attr, error)
-	LookupParent(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]byte, nfsclient.Attr, error)
-	Readlink(ctx context.Context, cred oncrpc.Credential, fh []byte) (string, error)
-	Mkdir(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, sa *nfsclient.SetAttr) (nfsclient.Made, error)
-	Mknod(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, typ nfsclient.FileType, major, minor uint32, sa *nfsclient.SetAttr) (nfsclient.Made, error)
-	Symlink(ctx context.Context, cred oncrpc.Credential, dir []byte, name, target string, sa *nfsclient.SetAttr) (nfsclient.Made, error)
-	Link(ctx context.Context, cred oncrpc.Credential, fh, dir []byte, name string) (nfsclient.Attr, nfsclient.DirChange, error)
-	Remove(ctx context.Context, cred oncrpc.Credential, dir []byte, name string) (nfsclient.DirChange, error)
-	Rename(ctx context.Context, cred oncrpc.Credential, srcDir []byte, srcName string, dstDir []byte, dstName string) (src, dst nfsclient.DirChange, err error)
-	ReadDir(ctx context.Context, cred oncrpc.Credential, dir []byte, cookie uint64, verf [8]byte, maxBytes int) (nfsclient.ReadDirPage, error)
-	ReadDirAll(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]nfsclient.DirEntry, error)
-	ReadDirPlusAll(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]nfsclient.DirEntry, error)
-
-	// Open state and file data.
+// FileData is the open state and the file data of regular files
+// (file.go).
+type FileData interface {
 	Open(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, args nfsclient.OpenArgs) (*nfsclient.OpenFile, error)
 	OpenFH(ctx context.Context, cred oncrpc.Credential, fh []byte, access, deny uint32) (*nfsclient.OpenFile, error)
 	CloseFile(ctx context.Context, cred oncrpc.Credential, of *nfsclient.OpenFile) error
@@ -60,9 +40,6 @@ type Client interface {
 	// NewUnstableWriter returns the write-back of the open file of,
 	// keeping at most inFlight UNSTABLE WRITEs in flight.
 	NewUnstableWriter(cred oncrpc.Credential, of *nfsclient.OpenFile, inFlight int) UnstableWriter
-	// NewLocker returns the byte-range lock state of lock-owner id on
-	// the open file of.
-	NewLocker(of *nfsclient.OpenFile, id uint64) Locker
 }
 
 // UnstableWriter sends one open file's buffered data as UNSTABLE WRITEs
@@ -86,24 +63,6 @@ type UnstableWriter interface {
 	Pending() int
 }
 
-// Locker is one lock-owner's byte-range locks on one open file
-// (nfsclient.Locker and the Client's LOCK, LOCKT and LOCKU).
-type Locker interface {
-	// Held reports whether the owner holds any lock.
-	Held() bool
-	// Lock takes a lock without waiting (LOCK): nfsclient.ErrDenied
-	// when another owner holds a conflicting one.
-	Lock(ctx context.Context, cred oncrpc.Credential, typ nfsclient.LockType, off, length uint64) error
-	// LockWait takes a lock, waiting for a conflicting one to go until
-	// lockCtx ends; ctx bounds each LOCK.
-	LockWait(ctx, lockCtx context.Context, cred oncrpc.Credential, typ nfsclient.LockType, off, length uint64) error
-	// TestLock returns the lock that conflicts with the one described
-	// (LOCKT), or nil.
-	TestLock(ctx context.Context, cred oncrpc.Credential, typ nfsclient.LockType, off, length uint64) (*nfsclient.LockDenied, error)
-	// Unlock releases a range (LOCKU).
-	Unlock(ctx context.Context, cred oncrpc.Credential, off, length uint64) error
-}
-
 // NFSClient returns c as the Client of a mount.
 func NFSClient(c *nfsclient.Client) Client { return nfsClient{c} }
 
@@ -114,6 +73,7 @@ type nfsClient struct{ *nfsclient.Client }
 
 var (
 	_ Client         = nfsClient{}
+	_ Delegations    = nfsClient{}
 	_ v42Ops         = nfsClient{}
 	_ UnstableWriter = (*nfsclient.UnstableWriter)(nil)
 	_ Locker         = nfsLocker{}

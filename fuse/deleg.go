@@ -3,6 +3,8 @@ package fuse
 import (
 	"context"
 	"time"
+
+	"github.com/rdmafs/rdmafs/nfsclient"
 )
 
 // Delegation caching (RFC 8881 s10.2, s10.4). While the client holds a
@@ -13,13 +15,26 @@ import (
 // drops the kernel's attributes and pages, before the client returns the
 // delegation; the next open then revalidates as without one.
 
+// Delegations are the client's delegations, optional in a Client: the
+// mount asks only a Client that has them (NFSClient's); without, no
+// file is taken for delegated.
+type Delegations interface {
+	// SetRecallHandler sets what runs when the server recalls a
+	// delegation (CB_RECALL), before the client returns it.
+	SetRecallHandler(h nfsclient.RecallHandler)
+	// Delegated reports whether the client holds a delegation on fh.
+	Delegated(fh []byte) bool
+	// ReturnDelegation gives the delegation on fh back (DELEGRETURN).
+	ReturnDelegation(fh []byte)
+}
+
 // delegAttrTimeout is how long the kernel keeps attributes of a file
 // under a delegation; a recall invalidates them sooner.
 const delegAttrTimeout = time.Hour
 
 // delegated reports whether n's file is under a delegation.
 func (n *node) delegated() bool {
-	return n.fsys.c.Delegated(n.handle())
+	return n.fsys.deleg != nil && n.fsys.deleg.Delegated(n.handle())
 }
 
 // trackDelegation remembers n as the node of its file handle, for
@@ -79,5 +94,5 @@ func (n *node) returnDelegationBeforeRemove(name string) {
 	if links > 1 {
 		return
 	}
-	n.fsys.c.ReturnDelegation(c.handle())
+	n.fsys.deleg.ReturnDelegation(c.handle()) // delegated: deleg is set
 }

@@ -13,6 +13,16 @@ import (
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
+// DirReader reads directories: READDIR one page at a time (silly.go's
+// search for a free name), and whole, with the entries' attributes
+// (ReadDirPlusAll: an open directory) or with names and fileids only
+// (ReadDirAll: export.go's search for a child's name).
+type DirReader interface {
+	ReadDir(ctx context.Context, cred oncrpc.Credential, dir []byte, cookie uint64, verf [8]byte, maxBytes int) (nfsclient.ReadDirPage, error)
+	ReadDirAll(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]nfsclient.DirEntry, error)
+	ReadDirPlusAll(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]nfsclient.DirEntry, error)
+}
+
 // dirHandle is an open directory. It reads the whole directory with
 // READDIR asking for each entry's file handle and attributes, and answers
 // the kernel's READDIRPLUS lookups from them: no LOOKUP or GETATTR per

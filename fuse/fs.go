@@ -40,7 +40,25 @@ import (
 	"github.com/rdmafs/rdmafs/fuse/uring"
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
+
+// Session is the client's session: its parameters and its end.
+type Session interface {
+	// Cred returns the AUTH_SYS credential of a caller (cred.go).
+	Cred(uid, gid uint32, groups []uint32) oncrpc.Credential
+	// RootFH is the export root's file handle.
+	RootFH() []byte
+	// RSize and WSize are the largest READ and WRITE, MaxFileSize the
+	// server's FATTR4_MAXFILESIZE (zero: unknown).
+	RSize() int
+	WSize() int
+	MaxFileSize() uint64
+	// Abandon gives up on the server: calls waiting for it fail.
+	Abandon()
+	// Close ends the session and the client ID.
+	Close(ctx context.Context) error
+}
 
 // Options tune a mount. Zero values take nfs(5)'s defaults.
 type Options struct {
@@ -169,9 +187,11 @@ func (c *Counters) noteErrno(op string, err error, errno syscall.Errno) {
 
 // FS is the state shared by all nodes of one mount.
 type FS struct {
-	c    Client
-	opts Options
-	tr   *trace.Tracer
+	c Client
+	// deleg is c's delegations; nil when c has none (deleg.go).
+	deleg Delegations
+	opts  Options
+	tr    *trace.Tracer
 
 	// bg outlives single requests: UNSTABLE WRITEs run on it after the
 	// FUSE WRITE that buffered them has returned.
@@ -189,13 +209,11 @@ type FS struct {
 	closing int        // releases in progress
 	closed  *sync.Cond // signalled when closing drops
 
-	flushOwners sync.Map // FLUSH in progress -> its lock owner (rawhooks.go)
-	// flushHolding: FLUSH in progress -> the file still holds locks
-	// after it (rawhooks.go releaseWait).
-	flushHolding sync.Map
-	writeFlags   sync.Map // WRITE in progress -> FUSE_WRITE_KILL_SUIDGID (rawhooks.go)
-	locks        lockTable
-	nameMax      int // longest name the server takes (names.go)
+	// reqs are the requests under way that the raw hooks pass data
+	// of to the node methods (request.go).
+	reqs    inflight
+	locks   lockTable
+	nameMax int // longest name the server takes (names.go)
 	// directIOMmap: the kernel maps files opened with FOPEN_DIRECT_IO
 	// (FUSE_DIRECT_IO_ALLOW_MMAP); set once at INIT.
 	directIOMmap bool
@@ -243,6 +261,52 @@ type Mount struct {
 // c is usually NFSClient of an *nfsclient.Client.
 func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, error) {
 	opts.setDefaults()
+	mo, err := mountOptions(&opts)
+	if err != nil {
+		return nil, err
+	}
+	f := newFS(c, opts)
+	cred := c.Cred(0, 0, nil)
+	a, err := c.GetAttr(ctx, cred, c.RootFH())
+	if err != nil {
+		f.bgCancel()
+		return nil, fmt.Errorf("getattr of export root: %w", err)
+	}
+	f.rootIno = a.FileID
+	if opts.HandleCache != "" {
+		f.openHandleCache(opts.HandleCache)
+	}
+	root := f.newNode(c.RootFH(), &a)
+	f.loadNameMax(ctx, cred)
+
+	zero := time.Duration(0)
+	fo := &fs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &zero, // set per entry from the ac* options
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		NullPermissions: true,
+		RootStableAttr:  &fs.StableAttr{Ino: a.FileID},
+		// The node ID is the inode number, the NFS fileid, so that a
+		// file handle names the object after the kernel forgot it
+		// (export.go).
+		ExternalNodeID: true,
+	}
+	srv, err := f.mount(dir, root, fo)
+	if err != nil {
+		if f.handleCache != nil {
+			f.handleCache.Close()
+		}
+		f.bgCancel()
+		return nil, fmt.Errorf("fuse mount on %s: %w", dir, err)
+	}
+	setReadAhead(dir, readAheadKB)
+	return &Mount{Server: srv, FS: f, Dir: dir}, nil
+}
+
+// newFS returns the state of a mount of c, not yet mounted, with the
+// recall handler and the NFSv4.2 operations set up.
+func newFS(c Client, opts Options) *FS {
 	f := &FS{
 		c:        c,
 		opts:     opts,
@@ -258,24 +322,20 @@ func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, err
 	f.closed = sync.NewCond(&f.mu)
 	f.removeDone = sync.NewCond(&f.mu)
 	f.heap.size = c.WSize()
-	c.SetRecallHandler(f.recall)
+	if d, ok := c.(Delegations); ok {
+		f.deleg = d
+		d.SetRecallHandler(f.recall)
+	}
 	if v, ok := c.(v42Ops); ok {
 		f.v42.init(v)
 	}
 	f.bg, f.bgCancel = context.WithCancel(context.Background())
-	cred := c.Cred(0, 0, nil)
-	a, err := c.GetAttr(ctx, cred, c.RootFH())
-	if err != nil {
-		return nil, fmt.Errorf("getattr of export root: %w", err)
-	}
-	f.rootIno = a.FileID
-	if opts.HandleCache != "" {
-		f.openHandleCache(opts.HandleCache)
-	}
-	root := f.newNode(c.RootFH(), &a)
-	f.loadNameMax(ctx, cred)
+	return f
+}
 
-	zero := time.Duration(0)
+// mountOptions returns go-fuse's options of a mount with opts: the
+// capabilities the file system uses and the kernel mount's flags.
+func mountOptions(opts *Options) (gofuse.MountOptions, error) {
 	mo := gofuse.MountOptions{
 		FsName:         opts.FSName,
 		Name:           "rdmafs",
@@ -315,52 +375,40 @@ func Serve(ctx context.Context, c Client, dir string, opts Options) (*Mount, err
 	// path walk could pass a directory the caller may not enter, which
 	// the kernel NFS client prevents with ACCESS on each walk.
 	mo.Options = append(mo.Options, "default_permissions")
-	flags := opts.MountFlags
-	if opts.ReadOnly {
-		flags |= unix.MS_RDONLY
-	}
-	if os.Geteuid() == 0 {
-		// mount(2) itself, with the flags as given. No flags at all
-		// are spelled MS_MGC_VAL, which the kernel drops, or go-fuse
-		// would mount nosuid,nodev; with flags it must not be there
-		// (it takes the bits of strictatime and lazytime).
-		mo.DirectMountStrict = true
-		mo.DirectMountFlags = flags
-		if flags == 0 {
-			mo.DirectMountFlags = unix.MS_MGC_VAL
-		}
-	} else {
-		opts, err := userMountOptions(flags)
-		if err != nil {
-			return nil, err
-		}
-		mo.Options = append(mo.Options, opts...)
+	if err := setMountFlags(&mo, opts); err != nil {
+		return mo, err
 	}
 	if opts.Debug {
 		mo.Logger = log.New(os.Stderr, "fuse: ", log.Lmicroseconds)
 	}
-	fo := &fs.Options{
-		MountOptions:    mo,
-		EntryTimeout:    &zero, // set per entry from the ac* options
-		AttrTimeout:     &zero,
-		NegativeTimeout: &zero,
-		NullPermissions: true,
-		RootStableAttr:  &fs.StableAttr{Ino: a.FileID},
-		// The node ID is the inode number, the NFS fileid, so that a
-		// file handle names the object after the kernel forgot it
-		// (export.go).
-		ExternalNodeID: true,
+	return mo, nil
+}
+
+// setMountFlags puts the kernel mount's flags into mo: mount(2)'s for
+// root, fusermount3's options for an ordinary user.
+func setMountFlags(mo *gofuse.MountOptions, opts *Options) error {
+	flags := opts.MountFlags
+	if opts.ReadOnly {
+		flags |= unix.MS_RDONLY
 	}
-	srv, err := f.mount(dir, root, fo)
-	if err != nil {
-		if f.handleCache != nil {
-			f.handleCache.Close()
+	if os.Geteuid() != 0 {
+		names, err := userMountOptions(flags)
+		if err != nil {
+			return err
 		}
-		f.bgCancel()
-		return nil, fmt.Errorf("fuse mount on %s: %w", dir, err)
+		mo.Options = append(mo.Options, names...)
+		return nil
 	}
-	setReadAhead(dir, readAheadKB)
-	return &Mount{Server: srv, FS: f, Dir: dir}, nil
+	// mount(2) itself, with the flags as given. No flags at all are
+	// spelled MS_MGC_VAL, which the kernel drops, or go-fuse would mount
+	// nosuid,nodev; with flags it must not be there (it takes the bits
+	// of strictatime and lazytime).
+	mo.DirectMountStrict = true
+	mo.DirectMountFlags = flags
+	if flags == 0 {
+		mo.DirectMountFlags = unix.MS_MGC_VAL
+	}
+	return nil
 }
 
 // userMountOptions spells flags as fusermount3's options (fuse 3.14,

@@ -164,8 +164,8 @@ func parsePendingSignals(status []byte) (uint64, error) {
 
 // killable is the raw file system the kernel talks to: each request that
 // a signal should not end gets the cancel channel of interruptWatch.
-// It wraps rawHooks, whose maps are keyed by the channel the file system
-// sees.
+// It wraps rawHooks, whose requestInfo is keyed by the channel the file
+// system sees (request.go).
 type killable struct {
 	gofuse.RawFileSystem
 	w *interruptWatch

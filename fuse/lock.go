@@ -11,6 +11,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
 // fcntl and flock(2) locks go to the server as NFSv4.1 byte-range locks
@@ -24,6 +25,32 @@ var (
 	_ = (fs.FileSetlker)((*file)(nil))
 	_ = (fs.FileSetlkwer)((*file)(nil))
 )
+
+// Locks makes the byte-range lock state of lock-owners (the Client's
+// NewLocker, LOCK, LOCKT and LOCKU).
+type Locks interface {
+	// NewLocker returns the byte-range lock state of lock-owner id on
+	// the open file of.
+	NewLocker(of *nfsclient.OpenFile, id uint64) Locker
+}
+
+// Locker is one lock-owner's byte-range locks on one open file
+// (nfsclient.Locker and the Client's LOCK, LOCKT and LOCKU).
+type Locker interface {
+	// Held reports whether the owner holds any lock.
+	Held() bool
+	// Lock takes a lock without waiting (LOCK): nfsclient.ErrDenied
+	// when another owner holds a conflicting one.
+	Lock(ctx context.Context, cred oncrpc.Credential, typ nfsclient.LockType, off, length uint64) error
+	// LockWait takes a lock, waiting for a conflicting one to go until
+	// lockCtx ends; ctx bounds each LOCK.
+	LockWait(ctx, lockCtx context.Context, cred oncrpc.Credential, typ nfsclient.LockType, off, length uint64) error
+	// TestLock returns the lock that conflicts with the one described
+	// (LOCKT), or nil.
+	TestLock(ctx context.Context, cred oncrpc.Credential, typ nfsclient.LockType, off, length uint64) (*nfsclient.LockDenied, error)
+	// Unlock releases a range (LOCKU).
+	Unlock(ctx context.Context, cred oncrpc.Credential, off, length uint64) error
+}
 
 // offsetMax is the kernel's OFFSET_MAX: a lock "to end of file".
 const offsetMax = 1<<63 - 1

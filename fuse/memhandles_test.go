@@ -14,6 +14,8 @@ import (
 
 // The handles of memClient: its write-back and its lock-owners.
 
+var _ fuse.Locks = (*memClient)(nil)
+
 func (c *memClient) NewUnstableWriter(cred oncrpc.Credential, of *nfsclient.OpenFile, inFlight int) fuse.UnstableWriter {
 	return &memWriter{c: c, fh: of.FH}
 }

@@ -13,7 +13,25 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/nfsclient"
+	"github.com/rdmafs/rdmafs/oncrpc"
 )
+
+// Namespace are the calls on names: LOOKUP and LOOKUPP (export.go's
+// parent of a directory), READLINK, the creation of objects other than
+// regular files (those come with OPEN: FileData), LINK, REMOVE and
+// RENAME. The changes return the directories' change_info and
+// attributes (dircache.go).
+type Namespace interface {
+	Lookup(ctx context.Context, cred oncrpc.Credential, dir []byte, name string) ([]byte, nfsclient.Attr, error)
+	LookupParent(ctx context.Context, cred oncrpc.Credential, dir []byte) ([]byte, nfsclient.Attr, error)
+	Readlink(ctx context.Context, cred oncrpc.Credential, fh []byte) (string, error)
+	Mkdir(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, sa *nfsclient.SetAttr) (nfsclient.Made, error)
+	Mknod(ctx context.Context, cred oncrpc.Credential, dir []byte, name string, typ nfsclient.FileType, major, minor uint32, sa *nfsclient.SetAttr) (nfsclient.Made, error)
+	Symlink(ctx context.Context, cred oncrpc.Credential, dir []byte, name, target string, sa *nfsclient.SetAttr) (nfsclient.Made, error)
+	Link(ctx context.Context, cred oncrpc.Credential, fh, dir []byte, name string) (nfsclient.Attr, nfsclient.DirChange, error)
+	Remove(ctx context.Context, cred oncrpc.Credential, dir []byte, name string) (nfsclient.DirChange, error)
+	Rename(ctx context.Context, cred oncrpc.Credential, srcDir []byte, srcName string, dstDir []byte, dstName string) (src, dst nfsclient.DirChange, err error)
+}
 
 // node is one file, directory or other object of the export. Its inode
 // number is the NFS fileid; it keeps the file handle and the attributes

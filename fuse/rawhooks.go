@@ -1,7 +1,6 @@
 package fuse
 
 import (
-	"context"
 	"sync"
 	"time"
 
@@ -12,16 +11,12 @@ import (
 // rawHooks wraps go-fuse's node file system to pass on what its fs API
 // drops: FLUSH's lock owner (FlushIn.LockOwner, for releasing a
 // process's locks at close) and WRITE's flags (WriteIn.WriteFlags, for
-// FUSE_WRITE_KILL_SUIDGID). The request's cancel channel is the key:
-// go-fuse hands the same channel to the fuse.Context of the call, and it
-// is unique while the request runs.
+// FUSE_WRITE_KILL_SUIDGID), each in the request's requestInfo
+// (request.go); and to order lock requests after RELEASEs (releaseWait).
 type rawHooks struct {
 	gofuse.RawFileSystem
-	flushOwners *sync.Map // cancel channel -> lock owner
-	writeFlags  *sync.Map // cancel channel -> WriteIn.WriteFlags
-	// flushHolding: the FLUSH of the cancel channel left locks held.
-	flushHolding *sync.Map
-	releases     *releaseWait
+	reqs     *inflight
+	releases *releaseWait
 }
 
 // releaseWait holds lock requests back while a RELEASE that may drop
@@ -51,7 +46,11 @@ type fileKey struct{ node, fh uint64 }
 // releaseGrace bounds the wait for the RELEASE of a file flushed with
 // locks held. The RELEASE of a last close is queued before close(2)
 // returns, so it is read before any lock request that follows; only
-// the reading goroutine may lag behind the lock request's.
+// the reading goroutine may lag behind the lock request's. The grace is
+// about the order of two requests, not about one's data, so requestInfo
+// cannot replace it: go-fuse reads /dev/fuse from several goroutines and
+// tells the file system neither the order it read requests in nor
+// whether a FLUSH was the last close.
 const releaseGrace = 250 * time.Millisecond
 
 func newReleaseWait() *releaseWait {
@@ -144,25 +143,25 @@ func (r rawHooks) SetLkw(cancel <-chan struct{}, in *gofuse.LkIn) gofuse.Status 
 	return r.RawFileSystem.SetLkw(cancel, in)
 }
 
-// Flush records the lock owner for the duration of the call, and marks
-// a file that still holds locks afterwards (releaseWait).
+// Flush passes the lock owner to the node method, and marks a file that
+// still holds locks afterwards (releaseWait).
 func (r rawHooks) Flush(cancel <-chan struct{}, in *gofuse.FlushIn) gofuse.Status {
-	r.flushOwners.Store(cancel, in.LockOwner)
-	defer r.flushOwners.Delete(cancel)
+	info := &requestInfo{lockOwner: in.LockOwner, hasLockOwner: true}
+	end := r.reqs.begin(cancel, info)
 	st := r.RawFileSystem.Flush(cancel, in)
-	if _, held := r.flushHolding.LoadAndDelete(cancel); held {
+	end()
+	if info.leftLocks.Load() {
 		r.releases.flushedHolding(in.NodeId, in.Fh)
 	}
 	return st
 }
 
-// Write records the write flags for the duration of the call.
+// Write passes the write flags to the node method.
 func (r rawHooks) Write(cancel <-chan struct{}, in *gofuse.WriteIn, data []byte) (uint32, gofuse.Status) {
 	if in.WriteFlags&gofuse.WRITE_KILL_SUIDGID == 0 {
 		return r.RawFileSystem.Write(cancel, in, data)
 	}
-	r.writeFlags.Store(cancel, in.WriteFlags)
-	defer r.writeFlags.Delete(cancel)
+	defer r.reqs.begin(cancel, &requestInfo{writeFlags: in.WriteFlags})()
 	return r.RawFileSystem.Write(cancel, in, data)
 }
 
@@ -173,43 +172,8 @@ func (r rawHooks) Writev(cancel <-chan struct{}, in *gofuse.WriteIn, data [][]by
 	if in.WriteFlags&gofuse.WRITE_KILL_SUIDGID == 0 {
 		return r.RawFileSystem.Writev(cancel, in, data)
 	}
-	r.writeFlags.Store(cancel, in.WriteFlags)
-	defer r.writeFlags.Delete(cancel)
+	defer r.reqs.begin(cancel, &requestInfo{writeFlags: in.WriteFlags})()
 	return r.RawFileSystem.Writev(cancel, in, data)
-}
-
-// requestValue looks up what a hook stored for the request of ctx.
-func requestValue(m *sync.Map, ctx context.Context) (any, bool) {
-	fc, ok := ctx.(*gofuse.Context)
-	if !ok {
-		return nil, false
-	}
-	return m.Load((<-chan struct{})(fc.Cancel))
-}
-
-// setFlushHolding tells the FLUSH hook that the FLUSH of ctx left the
-// file holding locks.
-func (f *FS) setFlushHolding(ctx context.Context) {
-	if fc, ok := ctx.(*gofuse.Context); ok {
-		f.flushHolding.Store((<-chan struct{})(fc.Cancel), true)
-	}
-}
-
-// flushOwner returns the lock owner of the FLUSH whose context is ctx.
-func (f *FS) flushOwner(ctx context.Context) (uint64, bool) {
-	v, ok := requestValue(&f.flushOwners, ctx)
-	if !ok {
-		return 0, false
-	}
-	return v.(uint64), true
-}
-
-// writeKillsPriv reports whether the kernel asked the WRITE of ctx to
-// clear the set-user-ID and set-group-ID bits (the writer lacks
-// CAP_FSETID; FUSE_HANDLE_KILLPRIV_V2).
-func (f *FS) writeKillsPriv(ctx context.Context) bool {
-	_, ok := requestValue(&f.writeFlags, ctx)
-	return ok
 }
 
 // mount is fs.Mount with rawHooks around the node file system and
@@ -217,8 +181,7 @@ func (f *FS) writeKillsPriv(ctx context.Context) bool {
 // Options.URing, over io_uring (uringmount.go): both transports hand
 // their requests, INTERRUPTs included, to the same raw file system.
 func (f *FS) mount(dir string, root fs.InodeEmbedder, opts *fs.Options) (*gofuse.Server, error) {
-	hooks := rawHooks{RawFileSystem: fs.NewNodeFS(root, opts), flushOwners: &f.flushOwners, writeFlags: &f.writeFlags,
-		flushHolding: &f.flushHolding, releases: newReleaseWait()}
+	hooks := rawHooks{RawFileSystem: fs.NewNodeFS(root, opts), reqs: &f.reqs, releases: newReleaseWait()}
 	raw := killable{RawFileSystem: hooks, w: &interruptWatch{dying: threadDying, note: f.noteInterrupt}}
 	if f.opts.URing != URingOff {
 		return f.mountURing(dir, raw, &opts.MountOptions)
