@@ -363,8 +363,8 @@ func (r *req) bindList() []*verbs.MemoryRegion {
 // invalidateWritable is invalidate for the exposures the peer may write,
 // the Write and Reply chunks', which end before the reply is looked at.
 // With rx set it runs on the receive path, maybe in the provider's
-// receiving goroutine (recvHandlerSetter), which closing the queue pair
-// would wait for.
+// receiving goroutine (verbs.RecvHandlerSetter), which closing the queue
+// pair would wait for.
 //
 // It notes what the peer placed in each (RFC 8166 s3.4.6: only the bytes
 // the responder wrote are data), for the reply to be checked against.

@@ -320,16 +320,39 @@ type Provider interface {
 // keeps its side of every registration (RegistrationHook), on the device
 // (verbs/ibverbs) or in a software STag table (verbs/iwarp), and its queue
 // pairs accept only its own domains. A transport makes its domain with it
-// before it registers any memory.
+// before it registers any memory; given a Dial-and-Listen value without
+// it, a transport makes a domain of its own that the provider must accept.
 type DomainProvider interface {
 	NewProtectionDomain() *ProtectionDomain
 }
 
+// Optional capabilities. A consumer discovers each by a type assertion on
+// the value it holds (a Provider or a QueuePair); every provider that has
+// one asserts it at compile time (var _ verbs.X = (*T)(nil)), so that a
+// renamed method breaks the build instead of silently turning the
+// capability off.
+
 // CopyCounter is implemented by a QueuePair whose provider copies received
 // payload on its way to registered memory (the pure-Go provider's buffered
-// reader): CopiedBytes returns how many bytes it copied so far.
+// reader): CopiedBytes returns how many bytes it copied so far. Without it
+// a consumer reports no provider copies.
 type CopyCounter interface {
 	CopiedBytes() uint64
+}
+
+// RecvHandlerSetter is implemented by a QueuePair that can hand each
+// receive completion to a handler in the goroutine that received the
+// message (verbs/iwarp), instead of queueing it in the receive CQ: a reply
+// then wakes its caller straight from the provider's receiving goroutine,
+// one goroutine hand-off less per message. The handler runs one call at a
+// time, in completion order, after the message is placed and with no
+// provider lock held; it may post and invalidate, must not close the
+// queue pair and must not block for long. SetRecvHandler fails when the
+// queue pair cannot (a receive CQ shared with others). Without it, or
+// when it fails, a consumer polls the receive CQ in a goroutine of its
+// own.
+type RecvHandlerSetter interface {
+	SetRecvHandler(h func(Completion)) error
 }
 
 // WindowBinder is implemented by a QueuePair whose provider binds
@@ -337,7 +360,8 @@ type CopyCounter interface {
 // FastRegister only prepares the binding, and the region is reachable by
 // the peer once its bind was posted on the queue pair that carries the
 // peer's accesses, chained before a Send (SendWR.Bind) or alone
-// (BindWindows, which waits until the binds completed).
+// (BindWindows, which waits until the binds completed). Without it a
+// consumer treats FastRegister as the binding itself.
 type WindowBinder interface {
 	BindWindows(ctx context.Context, mrs ...*MemoryRegion) error
 }

@@ -124,7 +124,10 @@ type queuePair struct {
 	discOnce  sync.Once
 }
 
-var _ verbs.QueuePair = (*queuePair)(nil)
+var (
+	_ verbs.QueuePair    = (*queuePair)(nil)
+	_ verbs.WindowBinder = (*queuePair)(nil)
+)
 
 // newQP makes the completion channel, completion queue and queue pair of
 // id, which must be bound to the provider's device.

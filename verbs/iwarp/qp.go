@@ -146,6 +146,13 @@ type QP struct {
 	txBatch          []sqEntry
 }
 
+// The queue pair's optional capabilities (see package verbs).
+var (
+	_ verbs.QueuePair         = (*QP)(nil)
+	_ verbs.CopyCounter       = (*QP)(nil)
+	_ verbs.RecvHandlerSetter = (*QP)(nil)
+)
+
 var (
 	_ verbs.QueuePair   = (*QP)(nil)
 	_ verbs.CopyCounter = (*QP)(nil)
