@@ -9,13 +9,15 @@
 // memory, referenced as (region, offset, length) with the region's local
 // key (SGE), and completion queues are an interface each provider
 // implements. A provider (the pure-Go iWARP provider in verbs/iwarp, or a
-// cgo rdma-core provider) implements Provider, QueuePair, Listener and
-// CompletionQueue, and keeps its side of each registration behind a
-// RegistrationHook (the device's memory translation, or the pure-Go
-// provider's STag table); ProtectionDomain and MemoryRegion are the
-// shared, provider-neutral API. Optional capabilities are small interfaces
-// a provider's types may implement: RemoteAddresser, Quiescer and
-// PlacementCounter (of a hook), CopyCounter (of a queue pair).
+// cgo rdma-core provider in verbs/ibverbs) implements Provider, QueuePair,
+// Listener and CompletionQueue, and keeps its side of each registration
+// behind a registration hook (the device's memory translation, or the
+// pure-Go provider's STag table) that only providers reach, through
+// package verbs/internal/spi; ProtectionDomain and MemoryRegion are the
+// shared, provider-neutral API. Optional capabilities are small declared
+// interfaces a provider's types may implement: DomainProvider (of a
+// provider), CopyCounter, RecvHandlerSetter and WindowBinder (of a queue
+// pair).
 //
 // A short example with the iWARP provider:
 //
@@ -317,7 +319,7 @@ type Provider interface {
 }
 
 // DomainProvider makes protection domains (ibv_alloc_pd): the provider
-// keeps its side of every registration (RegistrationHook), on the device
+// keeps its side of every registration, on the device
 // (verbs/ibverbs) or in a software STag table (verbs/iwarp), and its queue
 // pairs accept only its own domains. A transport makes its domain with it
 // before it registers any memory; given a Dial-and-Listen value without

@@ -143,7 +143,7 @@ func (p *Provider) newQP(ch *C.struct_rdma_event_channel, id *C.struct_rdma_cm_i
 	if pd == nil {
 		pd = p.NewProtectionDomain()
 	}
-	h, ok := verbs.HookOf(pd).(*hook)
+	h, ok := link.HookOf(pd).(*hook)
 	if !ok || h.p != p {
 		return nil, fmt.Errorf("%w: protection domain not made by this provider's NewProtectionDomain", verbs.ErrInvalidWR)
 	}

@@ -30,7 +30,7 @@ import (
 // sends it: no system call of its own, no page pinning, no lock shared by
 // the domain's connections beyond the window's own. Invalidate posts an
 // IBV_WR_LOCAL_INV on that queue pair and Quiesce waits for its
-// completion (verbs.Quiescer); an invalidation that cannot be posted or
+// completion (spi.Quiescer); an invalidation that cannot be posted or
 // is flushed deallocates the window instead (ibv_dealloc_mw ends every
 // binding), and a new one is allocated at the next bind. Slab chunks are
 // registered with IBV_ACCESS_MW_BIND for that. Devices without memory
@@ -73,7 +73,7 @@ func (h *hook) window(mr *verbs.MemoryRegion) *window {
 	if !h.windows || !mr.IsFast() {
 		return nil
 	}
-	if w, _ := mr.HookData().(*window); w != nil && w.owner == h { // no lock: see hook
+	if w, _ := link.Data(mr).(*window); w != nil && w.owner == h { // no lock: see hook
 		return w
 	}
 	return nil
@@ -84,7 +84,7 @@ func (h *hook) window(mr *verbs.MemoryRegion) *window {
 // under the next key, which it returns. Called with the domain's lock
 // held; the region is invalid (its window free).
 func (h *hook) prepareWindow(mr *verbs.MemoryRegion) (uint32, error) {
-	buf, parent := mr.HookBytes(), mr.HookParent()
+	buf, parent := link.Bytes(mr), link.Parent(mr)
 	if len(buf) == 0 || parent == nil {
 		return 0, fmt.Errorf("%w: empty window", verbs.ErrInvalidWR)
 	}
@@ -95,7 +95,7 @@ func (h *hook) prepareWindow(mr *verbs.MemoryRegion) (uint32, error) {
 		h.mu.Lock()
 		h.wins[mr] = w
 		h.mu.Unlock()
-		mr.SetHookData(w)
+		link.SetData(mr, w)
 	}
 	if pr == nil {
 		return 0, fmt.Errorf("ibverbs: bind window: %w: target not registered on the device", verbs.ErrInvalidSTag)
@@ -115,10 +115,10 @@ func (h *hook) prepareWindow(mr *verbs.MemoryRegion) (uint32, error) {
 	w.next = incKey(w.key)
 	w.parent, w.addr, w.n = pr.mr, uintptr(unsafe.Pointer(unsafe.SliceData(buf))), len(buf)
 	w.access = 0
-	if a := mr.HookAccess(); a&verbs.AccessRemoteRead != 0 {
+	if a := link.Access(mr); a&verbs.AccessRemoteRead != 0 {
 		w.access |= C.IBV_ACCESS_REMOTE_READ
 	}
-	if a := mr.HookAccess(); a&verbs.AccessRemoteWrite != 0 {
+	if a := link.Access(mr); a&verbs.AccessRemoteWrite != 0 {
 		w.access |= C.IBV_ACCESS_REMOTE_WRITE
 	}
 	w.state = winPending
@@ -200,7 +200,7 @@ func (w *window) quiesce(ctx context.Context) error {
 	}
 }
 
-// Quiesce implements verbs.Quiescer: for a window, it waits for the local
+// Quiesce implements spi.Quiescer: for a window, it waits for the local
 // invalidation Invalidate posted.
 func (h *hook) Quiesce(ctx context.Context, mr *verbs.MemoryRegion) error {
 	if w := h.window(mr); w != nil {
@@ -215,7 +215,7 @@ func (h *hook) dropWindow(mr *verbs.MemoryRegion) {
 	if w == nil {
 		return
 	}
-	mr.SetHookData(nil)
+	link.SetData(mr, nil)
 	h.mu.Lock()
 	delete(h.wins, mr)
 	h.mu.Unlock()

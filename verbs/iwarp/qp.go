@@ -297,7 +297,7 @@ func localSGE(sge verbs.SGE, need verbs.Access) ([]byte, error) {
 	if sge.MR == nil {
 		return nil, fmt.Errorf("no memory region: %w", verbs.ErrInvalidSTag)
 	}
-	return sge.MR.Local(need, sge.Offset, sge.Length)
+	return link.Local(sge.MR, need, sge.Offset, sge.Length)
 }
 
 // PostRecv implements verbs.QueuePair.
