@@ -1,6 +1,10 @@
 package verbs
 
-import "github.com/rdmafs/rdmafs/verbs/internal/spi"
+import (
+	"context"
+
+	"github.com/rdmafs/rdmafs/verbs/internal/spi"
+)
 
 // The provider side of domains and regions is reachable only through
 // verbs/internal/spi, which providers import and consumers cannot.
@@ -9,6 +13,8 @@ func init() {
 		NewDomain:        newDomain,
 		HookOf:           func(pd *ProtectionDomain) registrationHook { return pd.hook },
 		InvalidateRemote: (*ProtectionDomain).invalidateRemote,
+		InvalidateNow:    (*MemoryRegion).invalidateNow,
+		Quiesce:          func(ctx context.Context, mr *MemoryRegion) error { return mr.quiesce(ctx) },
 		Local:            (*MemoryRegion).resolveLocal,
 		Bytes:            func(mr *MemoryRegion) []byte { return mr.buf },
 		Access:           func(mr *MemoryRegion) Access { return mr.access },

@@ -317,6 +317,9 @@ func (mr *MemoryRegion) resolveLocal(need Access, off uint64, n uint32) ([]byte,
 // provider does); otherwise it stalls while the peer stalls a transfer,
 // and closing the queue pair ends it (see InvalidateContext).
 // Invalidating an invalid region only waits.
+//
+// It is the old, synchronous registration model: an OpLocalInvalidate
+// work request replaces it.
 func (mr *MemoryRegion) Invalidate() error {
 	return mr.InvalidateContext(context.Background())
 }
@@ -325,6 +328,7 @@ func (mr *MemoryRegion) Invalidate() error {
 // first the region is already invalid (no new access can start) but an
 // access is still in progress: the caller must not reuse the memory
 // before a later Invalidate returns nil (after closing the queue pair).
+// Like Invalidate it is the old model (OpLocalInvalidate replaces it).
 func (mr *MemoryRegion) InvalidateContext(ctx context.Context) error {
 	mr.pd.mu.Lock()
 	if mr.dead {
@@ -401,6 +405,9 @@ func (mr *MemoryRegion) rekeyedLocked(old, stag uint32) (uint32, error) {
 // IB_WR_REG_MR). mr must be invalid, and no access of the provider to it
 // may be in progress: bound regions are invalidated before they are bound
 // again, as FRWR requires.
+//
+// It is the old, synchronous registration model: an OpFastRegister work
+// request (or OpBindWindow for a memory window) replaces it.
 func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, access Access) (uint32, error) {
 	if target == nil || target.pd != mr.pd {
 		return 0, fmt.Errorf("verbs: fast register: target of another protection domain: %w", ErrInvalidWR)

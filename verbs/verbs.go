@@ -4,6 +4,10 @@
 // send and receive work requests over scatter/gather lists, completion
 // queues and connection setup with private data.
 //
+// Memory is registered for the peer and invalidated with work requests
+// (OpFastRegister, OpBindWindow, OpLocalInvalidate; see MemoryBinding),
+// as FRWR hardware does.
+//
 // The package is provider neutral and shaped like the hardware verbs
 // (libibverbs): every local buffer a work request names is registered
 // memory, referenced as (region, offset, length) with the region's local
@@ -95,9 +99,13 @@ const (
 	OpRDMARead                             // RDMA Read (send queue)
 	OpRecv                                 // receive completion of a Send
 	OpRecvWithInvalidate                   // receive completion of a Send With Invalidate
+	OpFastRegister                         // fast-register a region (send queue; SendWR.Binding)
+	OpLocalInvalidate                      // invalidate a local region's STag (send queue; SendWR.Binding.MR)
+	OpBindWindow                           // bind a memory window (send queue; SendWR.Binding)
 )
 
-var opNames = [...]string{"invalid", "Send", "SendWithInvalidate", "RDMAWrite", "RDMARead", "Recv", "RecvWithInvalidate"}
+var opNames = [...]string{"invalid", "Send", "SendWithInvalidate", "RDMAWrite", "RDMARead", "Recv", "RecvWithInvalidate",
+	"FastRegister", "LocalInvalidate", "BindWindow"}
 
 // String returns the opcode's name.
 func (o Opcode) String() string {
@@ -162,8 +170,11 @@ type SGE struct {
 // The caller must not modify the memory that a work request names until
 // its completion has been polled.
 type SendWR struct {
-	WRID   uint64
-	Opcode Opcode // OpSend, OpSendWithInvalidate, OpRDMAWrite or OpRDMARead
+	WRID uint64
+	// Opcode is OpSend, OpSendWithInvalidate, OpRDMAWrite, OpRDMARead,
+	// or a registration: OpFastRegister, OpLocalInvalidate or
+	// OpBindWindow (see MemoryBinding).
+	Opcode Opcode
 	// SGL is the gather list of a Send or RDMA Write (the message is
 	// the concatenation of its elements) or the scatter list of an RDMA
 	// Read's local sink (which needs AccessLocalWrite). At most MaxSGE
@@ -185,7 +196,12 @@ type SendWR struct {
 	// work request chained before the Send that offers it, and the
 	// window then works only through this queue pair. A provider that
 	// binds in FastRegister (WindowBinder not implemented) ignores it.
+	// It belongs to the old, synchronous registration model; an
+	// OpBindWindow work request replaces it.
 	Bind []*MemoryRegion
+	// Binding is the operand of a registration work request
+	// (OpFastRegister, OpLocalInvalidate, OpBindWindow).
+	Binding MemoryBinding
 }
 
 // RecvWR is a receive queue work request: the buffer an inbound Send is
@@ -363,7 +379,9 @@ type RecvHandlerSetter interface {
 // the peer once its bind was posted on the queue pair that carries the
 // peer's accesses, chained before a Send (SendWR.Bind) or alone
 // (BindWindows, which waits until the binds completed). Without it a
-// consumer treats FastRegister as the binding itself.
+// consumer treats FastRegister as the binding itself. It belongs to the
+// old, synchronous registration model: an OpBindWindow work request
+// replaces it.
 type WindowBinder interface {
 	BindWindows(ctx context.Context, mrs ...*MemoryRegion) error
 }

@@ -197,6 +197,9 @@ func softCQ(cq verbs.CompletionQueue) (*verbs.SoftCQ, error) {
 
 // PostSend queues a send work request.
 func (q *queuePair) PostSend(wr verbs.SendWR) error {
+	if wr.Opcode.IsRegistration() {
+		return q.postRegistration(wr)
+	}
 	if err := checkSend(&wr, q.maxSGE, q.maxRead); err != nil {
 		return err
 	}

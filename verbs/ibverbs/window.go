@@ -288,40 +288,49 @@ func (q *queuePair) postLocalInv(w *window) error {
 // BindWindows implements verbs.WindowBinder: it posts the prepared binds
 // of mrs on the queue pair and waits until they completed.
 func (q *queuePair) BindWindows(ctx context.Context, mrs ...*verbs.MemoryRegion) error {
+	done, err := q.postBinds(mrs)
+	if err != nil || done == nil {
+		return err
+	}
+	return waitBinds(ctx, done)
+}
+
+// postBinds posts the prepared binds of mrs on the queue pair, alone; the
+// channel it returns (nil when there was nothing to bind) reports whether
+// they completed.
+func (q *queuePair) postBinds(mrs []*verbs.MemoryRegion) (<-chan bool, error) {
 	var args [C.MAX_BINDS]C.struct_bind_arg
 	ws, err := q.bindArgs(mrs, args[:])
 	if err != nil {
-		return fmt.Errorf("ibverbs: bind windows: %w", err)
+		return nil, fmt.Errorf("ibverbs: bind windows: %w", err)
 	}
 	if len(ws) == 0 {
-		return nil
+		return nil, nil
 	}
+	defer unlockWindows(ws)
 	done := make(chan bool, 1)
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.err != nil {
-		err := q.err
-		q.mu.Unlock()
-		unlockWindows(ws)
-		return err
+		return nil, q.err
 	}
 	q.nextID++
 	id := q.nextID
-	rc := C.post_binds(q.qp, &args[0], C.int(len(ws)), C.uint64_t(id))
-	if rc == 0 {
-		q.wrs[id] = wrInfo{bound: done}
-		q.boundLocked(ws)
-		q.h.binds.Add(uint64(len(ws)))
-	} else {
+	if rc := C.post_binds(q.qp, &args[0], C.int(len(ws)), C.uint64_t(id)); rc != 0 {
 		for _, w := range ws {
 			w.deallocLocked()
 			w.state = winFree
 		}
+		return nil, fmt.Errorf("%w: ibv_post_send (bind windows): %w", verbs.ErrInvalidWR, syscall.Errno(rc))
 	}
-	q.mu.Unlock()
-	unlockWindows(ws)
-	if rc != 0 {
-		return fmt.Errorf("%w: ibv_post_send (bind windows): %w", verbs.ErrInvalidWR, syscall.Errno(rc))
-	}
+	q.wrs[id] = wrInfo{bound: done}
+	q.boundLocked(ws)
+	q.h.binds.Add(uint64(len(ws)))
+	return done, nil
+}
+
+// waitBinds waits for the binds postBinds posted.
+func waitBinds(ctx context.Context, done <-chan bool) error {
 	select {
 	case ok := <-done:
 		if !ok {

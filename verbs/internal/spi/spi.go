@@ -84,6 +84,12 @@ type Link[MR, PD any, A ~uint32] struct {
 	// domain with remote access rights can be invalidated. It does not
 	// wait for accesses in progress.
 	InvalidateRemote func(pd PD, stag uint32) error
+	// InvalidateNow and Quiesce are the halves of a local invalidation
+	// (verbs.OpLocalInvalidate): InvalidateNow makes the region's STag
+	// invalid at once, without waiting; Quiesce then waits until the
+	// provider's accesses in progress have ended, or ctx ends.
+	InvalidateNow func(mr MR) error
+	Quiesce       func(ctx context.Context, mr MR) error
 
 	// Local resolves a local scatter/gather element of a region, checking
 	// that the region is alive and has need, and that [off, off+n) lies
