@@ -78,7 +78,7 @@ type MemoryRegion struct {
 	// lock; other changes to the region are refused meanwhile.
 	binding bool
 
-	// local is what Local checks, republished under pd.mu whenever it
+	// local is what resolveLocal checks, republished under pd.mu whenever it
 	// changes, so that posting a work request (every SGE is checked)
 	// takes no lock shared by all the domain's queue pairs.
 	local atomic.Pointer[localView]
@@ -393,7 +393,7 @@ func (mr *MemoryRegion) rekeyedLocked(old, stag uint32) (uint32, error) {
 	if mr.access.Remote() {
 		mr.pd.liveRem++
 	}
-	if !mr.fast { // Local refuses fast regions: nothing to publish, nothing to allocate per exposure
+	if !mr.fast { // resolveLocal refuses fast regions: nothing to publish, nothing to allocate per exposure
 		mr.publishLocked()
 	}
 	return mr.stag, nil
