@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/iwarp"
 )
 
 // deregHook is a registration hook (as a hardware provider has) whose
@@ -51,7 +52,7 @@ func (h *deregHook) Deregister(mr *verbs.MemoryRegion) error { return h.drop(mr)
 // quarantined. A chunk that deregisters is unmapped as before.
 func TestCloseKeepsUnderegisteredMemory(t *testing.T) {
 	h := &deregHook{bad: make(map[*verbs.MemoryRegion]bool)}
-	p := New(verbs.NewProtectionDomainWithHook(h), 2*ChunkSize)
+	p := New(iwarp.NewProtectionDomainWithHook(h), 2*ChunkSize)
 	a, err := p.GetWait(context.Background(), ChunkSize)
 	if err != nil {
 		t.Fatal(err)

@@ -42,11 +42,11 @@ type confQP struct {
 func (q *confQP) PostSend(wr verbs.SendWR) error {
 	var msg []byte
 	for _, sge := range wr.SGL {
-		b, err := sge.MR.Local(0, sge.Offset, sge.Length)
-		if err != nil {
-			return err
+		b := sge.MR.Bytes()
+		if sge.Offset > uint64(len(b)) || uint64(sge.Length) > uint64(len(b))-sge.Offset {
+			return verbs.ErrBounds
 		}
-		msg = append(msg, b...)
+		msg = append(msg, b[sge.Offset:sge.Offset+uint64(sge.Length)]...)
 	}
 	q.mu.Lock()
 	q.sends = append(q.sends, msg)

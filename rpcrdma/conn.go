@@ -464,23 +464,10 @@ func (c *conn) putSends() {
 	}
 }
 
-// recvHandlerSetter is a queue pair that can hand each receive
-// completion to a handler in the goroutine that received the message
-// (verbs/iwarp), instead of queueing it for recvLoop: a reply then wakes
-// its caller straight from the provider's receiving goroutine, one
-// goroutine hand-off (a wake of another thread) less per message. The
-// handler runs one call at a time, in completion order, after the
-// message is placed and with no provider lock held; it may post and
-// invalidate, must not close the queue pair (failRx) and must not block
-// for long.
-type recvHandlerSetter interface {
-	SetRecvHandler(h func(verbs.Completion)) error
-}
-
 // startReceiving takes in receive completions: by handler where the
 // queue pair offers one, else by polling in recvLoop.
 func (c *conn) startReceiving() {
-	if hs, ok := c.qp.(recvHandlerSetter); ok && hs.SetRecvHandler(c.onRecv) == nil {
+	if hs, ok := c.qp.(verbs.RecvHandlerSetter); ok && hs.SetRecvHandler(c.onRecv) == nil {
 		c.byHandler = true
 		return
 	}

@@ -99,7 +99,7 @@ func (f *frwr) offered(stag uint32) bool {
 
 // unmapWritable ends the exposures the peer may write, the Write and
 // Reply chunks', before the reply is looked at. It runs on the receive
-// path, maybe in the provider's receiving goroutine (recvHandlerSetter),
+// path, maybe in the provider's receiving goroutine (verbs.RecvHandlerSetter),
 // which closing the queue pair would wait for: a failure fails the
 // connection from another goroutine (failRx).
 //

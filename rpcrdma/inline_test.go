@@ -10,7 +10,7 @@ import (
 )
 
 // pollingProvider hides the receive handler of its queue pairs
-// (recvHandlerSetter): the transport falls back to polling the receive
+// (verbs.RecvHandlerSetter): the transport falls back to polling the receive
 // CQ, as with verbs/ibverbs.
 type pollingProvider struct{ verbs.Provider }
 

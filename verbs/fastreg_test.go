@@ -31,7 +31,7 @@ func (h *blockingHook) Reregister(mr *MemoryRegion) (uint32, error) {
 // and is valid only afterwards.
 func TestFastRegisterWithoutDomainLock(t *testing.T) {
 	h := &blockingHook{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	pd := NewProtectionDomainWithHook(h)
+	pd := newDomain(h)
 	slab, err := pd.RegisterMemory(make([]byte, 8192), AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +52,7 @@ func TestFastRegisterWithoutDomainLock(t *testing.T) {
 	defer cancel()
 	others := make(chan error, 1)
 	go func() {
-		if _, err := slab.Local(AccessLocalWrite, 0, 8192); err != nil {
+		if _, err := slab.resolveLocal(AccessLocalWrite, 0, 8192); err != nil {
 			others <- err
 			return
 		}

@@ -5,68 +5,22 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rdmafs/rdmafs/verbs/internal/spi"
 )
 
-// RegistrationHook is a provider's side of a protection domain: it
-// mirrors the domain's registrations where the provider keeps them (the
-// device for verbs/ibverbs, the software STag table for verbs/iwarp).
-// Register and Reregister return the STag the provider assigned.
-//
-// The methods run with the domain's lock held, except Reregister of a
-// fast-registration region (FastRegister), which runs without it so that
-// one exposure's device call does not hold up the domain's other queue
-// pairs; no other change to that region runs meanwhile. They read the
-// region through HookBytes, HookAccess and IsFast, never through the
-// locking accessors. Register of a fast-registration region may return STag 0
-// ("no key yet"): such a region gets its key from Reregister
-// (FastRegister). Invalidate stops new accesses at once and must not
-// wait; a provider whose accesses are in progress in software waits for
-// them in Quiesce (see Quiescer). A provider may reuse the index of an
-// invalidated region; the domain then forgets the stale region's index.
-type RegistrationHook interface {
-	Register(mr *MemoryRegion) (stag uint32, err error)
-	Reregister(mr *MemoryRegion) (stag uint32, err error)
-	Invalidate(mr *MemoryRegion) error
-	Deregister(mr *MemoryRegion) error
-}
-
-// Optional capabilities of a RegistrationHook.
-type (
-	// RemoteAddresser is implemented by a hook whose hardware names the
-	// first byte of a region by an address other than 0 (ibv_reg_mr
-	// regions are addressed by virtual address). It runs with the
-	// domain's lock held.
-	RemoteAddresser interface {
-		RemoteAddr(mr *MemoryRegion) uint64
-	}
-	// Quiescer is implemented by a hook whose provider reads and writes
-	// registered memory in software for the peer (verbs/iwarp): Quiesce
-	// waits until no such access to mr is in progress, or ctx ends. The
-	// domain calls it without its lock, after Invalidate, so that once
-	// Invalidate returns no byte of the region is read or written for
-	// the peer any more (RFC 8166 s8.1).
-	Quiescer interface {
-		Quiesce(ctx context.Context, mr *MemoryRegion) error
-	}
-	// PlacementCounter is implemented by a hook whose provider may see
-	// the peer's writes land (verbs/iwarp). CountsPlacement reports
-	// whether it does (not when it stands in for hardware, which places
-	// data unseen); Placed then returns how many bytes from the region's
-	// start the peer wrote, without a gap, since it was last bound.
-	// Placed runs with the domain's lock held.
-	PlacementCounter interface {
-		CountsPlacement() bool
-		Placed(mr *MemoryRegion) uint64
-	}
-)
+// registrationHook is a provider's side of a protection domain (see
+// package verbs/internal/spi).
+type registrationHook = spi.Hook[*MemoryRegion]
 
 // ProtectionDomain owns memory regions and the queue pairs that may use
 // them. It keeps the provider-neutral state of each region (its rights,
 // its STag, valid or not, what a fast-registration region is bound to);
-// the provider keeps the rest (RegistrationHook). A provider makes its
-// domains (DomainProvider). It is safe for concurrent use.
+// the provider keeps the rest (its registration hook, see
+// verbs/internal/spi). A provider makes its domains (DomainProvider). It
+// is safe for concurrent use.
 type ProtectionDomain struct {
-	hook RegistrationHook
+	hook registrationHook
 
 	mu      sync.Mutex
 	regions map[uint32]*MemoryRegion // by STag index (stag >> 8)
@@ -78,18 +32,14 @@ type ProtectionDomain struct {
 // for bookkeeping; a transport makes its domain with its provider's
 // NewProtectionDomain (DomainProvider).
 func NewProtectionDomain() *ProtectionDomain {
-	return NewProtectionDomainWithHook(&counterHook{})
+	return newDomain(&counterHook{})
 }
 
-// NewProtectionDomainWithHook returns a protection domain whose
-// registrations are mirrored by hook: a provider's domain.
-func NewProtectionDomainWithHook(hook RegistrationHook) *ProtectionDomain {
+// newDomain returns a protection domain whose registrations are mirrored
+// by hook: a provider's domain (spi.Link.NewDomain).
+func newDomain(hook registrationHook) *ProtectionDomain {
 	return &ProtectionDomain{hook: hook, regions: make(map[uint32]*MemoryRegion)}
 }
-
-// HookOf returns the registration hook of pd, so that a provider can tell
-// its own domains.
-func HookOf(pd *ProtectionDomain) RegistrationHook { return pd.hook }
 
 // counterHook names the regions of a domain no provider backs.
 type counterHook struct{ next atomic.Uint32 }
@@ -128,13 +78,13 @@ type MemoryRegion struct {
 	// lock; other changes to the region are refused meanwhile.
 	binding bool
 
-	// local is what Local checks, republished under pd.mu whenever it
+	// local is what resolveLocal checks, republished under pd.mu whenever it
 	// changes, so that posting a work request (every SGE is checked)
 	// takes no lock shared by all the domain's queue pairs.
 	local atomic.Pointer[localView]
 	// hookData is the registration hook's own record of the region
-	// (SetHookData), read by the provider on its data path without a
-	// lock.
+	// (spi.Link.SetData), read by the provider on its data path without
+	// a lock.
 	hookData atomic.Pointer[any]
 }
 
@@ -232,13 +182,13 @@ func (pd *ProtectionDomain) LiveRemoteRegions() int {
 // buffer before it exposes it for remote write, so that bytes the peer
 // claims but did not write are zeros, never earlier contents.
 func (pd *ProtectionDomain) CountsPlacement() bool {
-	pc, ok := pd.hook.(PlacementCounter)
+	pc, ok := pd.hook.(spi.PlacementCounter[*MemoryRegion])
 	return ok && pc.CountsPlacement()
 }
 
 // Placed returns how many bytes from the region's start the peer has
 // written, without a gap, since the region was registered or bound last,
-// as the provider saw them land (PlacementCounter). It stays readable
+// as the provider saw them land. It stays readable
 // after invalidation, until the region is bound again: an upper layer
 // checks a responder's claimed Write chunk length against it (RFC 8166
 // s3.4.6: only bytes the responder wrote are data). ok is false when the
@@ -246,18 +196,18 @@ func (pd *ProtectionDomain) CountsPlacement() bool {
 func (mr *MemoryRegion) Placed() (n uint64, ok bool) {
 	mr.pd.mu.Lock()
 	defer mr.pd.mu.Unlock()
-	if pc, is := mr.pd.hook.(PlacementCounter); is && pc.CountsPlacement() {
+	if pc, is := mr.pd.hook.(spi.PlacementCounter[*MemoryRegion]); is && pc.CountsPlacement() {
 		return pc.Placed(mr), true
 	}
 	return 0, false
 }
 
-// InvalidateRemote is for providers: it performs the invalidation a
-// received Send With Invalidate asks for (RFC 5040 s5.3). Only a valid
-// region of this domain with remote access rights can be invalidated.
-// It does not wait for accesses in progress; the upper layer's own
-// Invalidate does.
-func (pd *ProtectionDomain) InvalidateRemote(stag uint32) error {
+// invalidateRemote performs the invalidation a received Send With
+// Invalidate asks for (RFC 5040 s5.3; spi.Link.InvalidateRemote). Only a
+// valid region of this domain with remote access rights can be
+// invalidated. It does not wait for accesses in progress; the upper
+// layer's own Invalidate does.
+func (pd *ProtectionDomain) invalidateRemote(stag uint32) error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	mr := pd.regions[stag>>8]
@@ -286,9 +236,9 @@ func (mr *MemoryRegion) invalidateLocked() error {
 }
 
 // quiesce waits, without the domain's lock, until the provider's accesses
-// to mr in progress have ended (Quiescer), or ctx ends.
+// to mr in progress have ended (spi.Quiescer), or ctx ends.
 func (mr *MemoryRegion) quiesce(ctx context.Context) error {
-	if q, ok := mr.pd.hook.(Quiescer); ok {
+	if q, ok := mr.pd.hook.(spi.Quiescer[*MemoryRegion]); ok {
 		return q.Quiesce(ctx, mr)
 	}
 	return nil
@@ -337,11 +287,11 @@ func (mr *MemoryRegion) Valid() bool {
 	return mr.valid
 }
 
-// Local is for providers: it resolves a local scatter/gather element of
-// this region, checking that the region is alive and has need, and that
-// [off, off+n) lies inside it. Errors wrap ErrInvalidSTag, ErrAccess or
-// ErrBounds.
-func (mr *MemoryRegion) Local(need Access, off uint64, n uint32) ([]byte, error) {
+// resolveLocal resolves a local scatter/gather element of this region for a
+// provider (spi.Link.Local), checking that the region is alive and has
+// need, and that [off, off+n) lies inside it. Errors wrap ErrInvalidSTag,
+// ErrAccess or ErrBounds.
+func (mr *MemoryRegion) resolveLocal(need Access, off uint64, n uint32) ([]byte, error) {
 	v := mr.local.Load() // no lock: see MemoryRegion.local
 	if mr.fast || v == nil || v.dead {
 		var stag uint32
@@ -367,6 +317,9 @@ func (mr *MemoryRegion) Local(need Access, off uint64, n uint32) ([]byte, error)
 // provider does); otherwise it stalls while the peer stalls a transfer,
 // and closing the queue pair ends it (see InvalidateContext).
 // Invalidating an invalid region only waits.
+//
+// It is the old, synchronous registration model: an OpLocalInvalidate
+// work request replaces it.
 func (mr *MemoryRegion) Invalidate() error {
 	return mr.InvalidateContext(context.Background())
 }
@@ -375,6 +328,7 @@ func (mr *MemoryRegion) Invalidate() error {
 // first the region is already invalid (no new access can start) but an
 // access is still in progress: the caller must not reuse the memory
 // before a later Invalidate returns nil (after closing the queue pair).
+// Like Invalidate it is the old model (OpLocalInvalidate replaces it).
 func (mr *MemoryRegion) InvalidateContext(ctx context.Context) error {
 	mr.pd.mu.Lock()
 	if mr.dead {
@@ -439,7 +393,7 @@ func (mr *MemoryRegion) rekeyedLocked(old, stag uint32) (uint32, error) {
 	if mr.access.Remote() {
 		mr.pd.liveRem++
 	}
-	if !mr.fast { // Local refuses fast regions: nothing to publish, nothing to allocate per exposure
+	if !mr.fast { // resolveLocal refuses fast regions: nothing to publish, nothing to allocate per exposure
 		mr.publishLocked()
 	}
 	return mr.stag, nil
@@ -451,6 +405,9 @@ func (mr *MemoryRegion) rekeyedLocked(old, stag uint32) (uint32, error) {
 // IB_WR_REG_MR). mr must be invalid, and no access of the provider to it
 // may be in progress: bound regions are invalidated before they are bound
 // again, as FRWR requires.
+//
+// It is the old, synchronous registration model: an OpFastRegister work
+// request (or OpBindWindow for a memory window) replaces it.
 func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, access Access) (uint32, error) {
 	if target == nil || target.pd != mr.pd {
 		return 0, fmt.Errorf("verbs: fast register: target of another protection domain: %w", ErrInvalidWR)
@@ -503,52 +460,14 @@ func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, ac
 // RemoteAddr returns the address a peer names the region's first byte by
 // (with RemoteOffset in an RDMA Read or Write): 0 for the pure-Go
 // provider's zero-based regions, the virtual address for hardware that
-// registers by address (see RemoteAddresser).
+// registers by address.
 func (mr *MemoryRegion) RemoteAddr() uint64 {
 	mr.pd.mu.Lock()
 	defer mr.pd.mu.Unlock()
-	if ra, ok := mr.pd.hook.(RemoteAddresser); ok && mr.valid {
+	if ra, ok := mr.pd.hook.(spi.RemoteAddresser[*MemoryRegion]); ok && mr.valid {
 		return ra.RemoteAddr(mr)
 	}
 	return 0
-}
-
-// HookBytes is for RegistrationHook implementations (called with the
-// domain's lock held): the memory the region names now.
-func (mr *MemoryRegion) HookBytes() []byte { return mr.buf }
-
-// HookAccess is for RegistrationHook implementations (called with the
-// domain's lock held): the region's access rights.
-func (mr *MemoryRegion) HookAccess() Access { return mr.access }
-
-// HookSTag is for RegistrationHook implementations (called with the
-// domain's lock held): the region's STag before the call.
-func (mr *MemoryRegion) HookSTag() uint32 { return mr.stag }
-
-// HookParent is for RegistrationHook implementations (called with the
-// domain's lock held): the registered region a fast-registration region
-// is bound in (FastRegister), nil for other regions.
-func (mr *MemoryRegion) HookParent() *MemoryRegion { return mr.parent }
-
-// SetHookData is for RegistrationHook implementations: it attaches the
-// provider's own record of the region (a device registration, a memory
-// window), nil to drop it. HookData reads it without a lock, so a
-// provider's data path (converting SGEs, binding windows) needs no lock
-// shared by all the domain's queue pairs.
-func (mr *MemoryRegion) SetHookData(v any) {
-	if v == nil {
-		mr.hookData.Store(nil)
-		return
-	}
-	mr.hookData.Store(&v)
-}
-
-// HookData returns what SetHookData attached last, nil if nothing.
-func (mr *MemoryRegion) HookData() any {
-	if p := mr.hookData.Load(); p != nil {
-		return *p
-	}
-	return nil
 }
 
 // IsFast reports whether the region was made by AllocFastReg. It does not

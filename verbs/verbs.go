@@ -4,18 +4,24 @@
 // send and receive work requests over scatter/gather lists, completion
 // queues and connection setup with private data.
 //
+// Memory is registered for the peer and invalidated with work requests
+// (OpFastRegister, OpBindWindow, OpLocalInvalidate; see MemoryBinding),
+// as FRWR hardware does.
+//
 // The package is provider neutral and shaped like the hardware verbs
 // (libibverbs): every local buffer a work request names is registered
 // memory, referenced as (region, offset, length) with the region's local
 // key (SGE), and completion queues are an interface each provider
 // implements. A provider (the pure-Go iWARP provider in verbs/iwarp, or a
-// cgo rdma-core provider) implements Provider, QueuePair, Listener and
-// CompletionQueue, and keeps its side of each registration behind a
-// RegistrationHook (the device's memory translation, or the pure-Go
-// provider's STag table); ProtectionDomain and MemoryRegion are the
-// shared, provider-neutral API. Optional capabilities are small interfaces
-// a provider's types may implement: RemoteAddresser, Quiescer and
-// PlacementCounter (of a hook), CopyCounter (of a queue pair).
+// cgo rdma-core provider in verbs/ibverbs) implements Provider, QueuePair,
+// Listener and CompletionQueue, and keeps its side of each registration
+// behind a registration hook (the device's memory translation, or the
+// pure-Go provider's STag table) that only providers reach, through
+// package verbs/internal/spi; ProtectionDomain and MemoryRegion are the
+// shared, provider-neutral API. Optional capabilities are small declared
+// interfaces a provider's types may implement: DomainProvider (of a
+// provider), CopyCounter, RecvHandlerSetter and WindowBinder (of a queue
+// pair).
 //
 // A short example with the iWARP provider:
 //
@@ -93,9 +99,13 @@ const (
 	OpRDMARead                             // RDMA Read (send queue)
 	OpRecv                                 // receive completion of a Send
 	OpRecvWithInvalidate                   // receive completion of a Send With Invalidate
+	OpFastRegister                         // fast-register a region (send queue; SendWR.Binding)
+	OpLocalInvalidate                      // invalidate a local region's STag (send queue; SendWR.Binding.MR)
+	OpBindWindow                           // bind a memory window (send queue; SendWR.Binding)
 )
 
-var opNames = [...]string{"invalid", "Send", "SendWithInvalidate", "RDMAWrite", "RDMARead", "Recv", "RecvWithInvalidate"}
+var opNames = [...]string{"invalid", "Send", "SendWithInvalidate", "RDMAWrite", "RDMARead", "Recv", "RecvWithInvalidate",
+	"FastRegister", "LocalInvalidate", "BindWindow"}
 
 // String returns the opcode's name.
 func (o Opcode) String() string {
@@ -160,8 +170,11 @@ type SGE struct {
 // The caller must not modify the memory that a work request names until
 // its completion has been polled.
 type SendWR struct {
-	WRID   uint64
-	Opcode Opcode // OpSend, OpSendWithInvalidate, OpRDMAWrite or OpRDMARead
+	WRID uint64
+	// Opcode is OpSend, OpSendWithInvalidate, OpRDMAWrite, OpRDMARead,
+	// or a registration: OpFastRegister, OpLocalInvalidate or
+	// OpBindWindow (see MemoryBinding).
+	Opcode Opcode
 	// SGL is the gather list of a Send or RDMA Write (the message is
 	// the concatenation of its elements) or the scatter list of an RDMA
 	// Read's local sink (which needs AccessLocalWrite). At most MaxSGE
@@ -183,7 +196,12 @@ type SendWR struct {
 	// work request chained before the Send that offers it, and the
 	// window then works only through this queue pair. A provider that
 	// binds in FastRegister (WindowBinder not implemented) ignores it.
+	// It belongs to the old, synchronous registration model; an
+	// OpBindWindow work request replaces it.
 	Bind []*MemoryRegion
+	// Binding is the operand of a registration work request
+	// (OpFastRegister, OpLocalInvalidate, OpBindWindow).
+	Binding MemoryBinding
 }
 
 // RecvWR is a receive queue work request: the buffer an inbound Send is
@@ -317,19 +335,42 @@ type Provider interface {
 }
 
 // DomainProvider makes protection domains (ibv_alloc_pd): the provider
-// keeps its side of every registration (RegistrationHook), on the device
+// keeps its side of every registration, on the device
 // (verbs/ibverbs) or in a software STag table (verbs/iwarp), and its queue
 // pairs accept only its own domains. A transport makes its domain with it
-// before it registers any memory.
+// before it registers any memory; given a Dial-and-Listen value without
+// it, a transport makes a domain of its own that the provider must accept.
 type DomainProvider interface {
 	NewProtectionDomain() *ProtectionDomain
 }
 
+// Optional capabilities. A consumer discovers each by a type assertion on
+// the value it holds (a Provider or a QueuePair); every provider that has
+// one asserts it at compile time (var _ verbs.X = (*T)(nil)), so that a
+// renamed method breaks the build instead of silently turning the
+// capability off.
+
 // CopyCounter is implemented by a QueuePair whose provider copies received
 // payload on its way to registered memory (the pure-Go provider's buffered
-// reader): CopiedBytes returns how many bytes it copied so far.
+// reader): CopiedBytes returns how many bytes it copied so far. Without it
+// a consumer reports no provider copies.
 type CopyCounter interface {
 	CopiedBytes() uint64
+}
+
+// RecvHandlerSetter is implemented by a QueuePair that can hand each
+// receive completion to a handler in the goroutine that received the
+// message (verbs/iwarp), instead of queueing it in the receive CQ: a reply
+// then wakes its caller straight from the provider's receiving goroutine,
+// one goroutine hand-off less per message. The handler runs one call at a
+// time, in completion order, after the message is placed and with no
+// provider lock held; it may post and invalidate, must not close the
+// queue pair and must not block for long. SetRecvHandler fails when the
+// queue pair cannot (a receive CQ shared with others). Without it, or
+// when it fails, a consumer polls the receive CQ in a goroutine of its
+// own.
+type RecvHandlerSetter interface {
+	SetRecvHandler(h func(Completion)) error
 }
 
 // WindowBinder is implemented by a QueuePair whose provider binds
@@ -337,7 +378,10 @@ type CopyCounter interface {
 // FastRegister only prepares the binding, and the region is reachable by
 // the peer once its bind was posted on the queue pair that carries the
 // peer's accesses, chained before a Send (SendWR.Bind) or alone
-// (BindWindows, which waits until the binds completed).
+// (BindWindows, which waits until the binds completed). Without it a
+// consumer treats FastRegister as the binding itself. It belongs to the
+// old, synchronous registration model: an OpBindWindow work request
+// replaces it.
 type WindowBinder interface {
 	BindWindows(ctx context.Context, mrs ...*MemoryRegion) error
 }

@@ -147,7 +147,7 @@ func (q *queuePair) deliver(w workCompletion) {
 			// only the key's index), so a slab chunk's key may be
 			// dead on the device now: it is registered again.
 			q.h.remoteInvalidated(c.InvalidatedSTag)
-			if err := q.pd.InvalidateRemote(c.InvalidatedSTag); err != nil {
+			if err := link.InvalidateRemote(q.pd, c.InvalidatedSTag); err != nil {
 				q.fail(fmt.Errorf("%w: peer invalidated an STag we did not expose: %w", verbs.ErrTerminated, err))
 				c = verbs.Completion{WRID: info.wrid, Status: verbs.StatusRemoteOpErr, Opcode: verbs.OpRecv}
 				q.h.recoverKeys(q.h.epoch.Load(), w.invRkey)

@@ -19,12 +19,13 @@ import (
 	"unsafe"
 
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/internal/spi"
 )
 
 // NewProtectionDomain returns a protection domain whose registrations are
 // made on the device.
 func (p *Provider) NewProtectionDomain() *verbs.ProtectionDomain {
-	return verbs.NewProtectionDomainWithHook(newHook(p, cDevice{pd: p.pd}))
+	return link.NewDomain(newHook(p, cDevice{pd: p.pd}))
 }
 
 func newHook(p *Provider, dev device) *hook {
@@ -79,7 +80,7 @@ func (d cDevice) deregMR(r *hwMR) error {
 // hook mirrors a ProtectionDomain's registrations on the device. Its
 // methods run with the domain's lock held. Each region's device record
 // (*hwMR, or *window for a fast region backed by a memory window) hangs
-// on the region itself (verbs.MemoryRegion.SetHookData), where the data
+// on the region itself (spi.Link.SetData), where the data
 // path (SGEs, binds) reads it without a lock; regs and wins, under mu,
 // only let the recovery paths enumerate them.
 type hook struct {
@@ -101,10 +102,13 @@ type hook struct {
 	binds   atomic.Uint64
 }
 
+// link is package verbs's provider side (see verbs/internal/spi).
+var link = spi.Get[*verbs.MemoryRegion, *verbs.ProtectionDomain, verbs.Access]()
+
 var (
-	_ verbs.RegistrationHook = (*hook)(nil)
-	_ verbs.RemoteAddresser  = (*hook)(nil)
-	_ verbs.Quiescer         = (*hook)(nil)
+	_ spi.Hook[*verbs.MemoryRegion]            = (*hook)(nil)
+	_ spi.RemoteAddresser[*verbs.MemoryRegion] = (*hook)(nil)
+	_ spi.Quiescer[*verbs.MemoryRegion]        = (*hook)(nil)
 )
 
 func ibvAccess(a verbs.Access) C.int {
@@ -125,7 +129,7 @@ func ibvAccess(a verbs.Access) C.int {
 // reg registers mr's current memory and returns its STag (rkey if the
 // region grants remote access, else lkey).
 func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
-	buf, access := mr.HookBytes(), mr.HookAccess()
+	buf, access := link.Bytes(mr), link.Access(mr)
 	if len(buf) == 0 {
 		return 0, fmt.Errorf("%w: empty region", verbs.ErrInvalidWR)
 	}
@@ -145,7 +149,7 @@ func (h *hook) reg(mr *verbs.MemoryRegion) (uint32, error) {
 	h.mu.Lock()
 	h.regs[mr] = r
 	h.mu.Unlock()
-	mr.SetHookData(r)
+	link.SetData(mr, r)
 	if access.Remote() {
 		return r.rkey, nil
 	}
@@ -166,7 +170,7 @@ func (h *hook) dereg(mr *verbs.MemoryRegion) error {
 	if err := h.dev.deregMR(r); err != nil {
 		return err
 	}
-	mr.SetHookData(nil)
+	link.SetData(mr, nil)
 	h.mu.Lock()
 	if h.regs[mr] == r {
 		delete(h.regs, mr)
@@ -178,7 +182,7 @@ func (h *hook) dereg(mr *verbs.MemoryRegion) error {
 // registration returns mr's device registration, nil if it has none or
 // mr is not a region of this domain.
 func (h *hook) registration(mr *verbs.MemoryRegion) *hwMR {
-	if r, _ := mr.HookData().(*hwMR); r != nil && r.owner == h {
+	if r, _ := link.Data(mr).(*hwMR); r != nil && r.owner == h {
 		return r
 	}
 	return nil
@@ -300,7 +304,7 @@ func (h *hook) sges(sgl []verbs.SGE, out []C.struct_ibv_sge, need verbs.Access) 
 // of its first byte. No lock: MR.Local and the registration read state
 // the region carries.
 func (h *hook) sge(s verbs.SGE, need verbs.Access) (addr uint64, lkey uint32, err error) {
-	if _, err := s.MR.Local(need, s.Offset, s.Length); err != nil {
+	if _, err := link.Local(s.MR, need, s.Offset, s.Length); err != nil {
 		return 0, 0, fmt.Errorf("%w: %w", verbs.ErrInvalidWR, err)
 	}
 	r := h.registration(s.MR)

@@ -19,7 +19,7 @@ import (
 // s4.5.4), and once the device lets go the retry succeeds.
 func TestDeregFailureKeepsKey(t *testing.T) {
 	dev := newFakeDevice()
-	pd := verbs.NewProtectionDomainWithHook(newHook(nil, dev))
+	pd := link.NewDomain(newHook(nil, dev))
 	pool := mrcache.New(pd, mrcache.ChunkSize)
 	defer pool.Close()
 	buf, err := pool.Get(8192)
@@ -69,9 +69,9 @@ func TestDeregFailureKeepsKey(t *testing.T) {
 func TestSGEsOfThisDomainOnly(t *testing.T) {
 	dev := newFakeDevice()
 	h := newHook(nil, dev)
-	pool := mrcache.New(verbs.NewProtectionDomainWithHook(h), mrcache.ChunkSize)
+	pool := mrcache.New(link.NewDomain(h), mrcache.ChunkSize)
 	defer pool.Close()
-	other := mrcache.New(verbs.NewProtectionDomainWithHook(newHook(nil, dev)), mrcache.ChunkSize)
+	other := mrcache.New(link.NewDomain(newHook(nil, dev)), mrcache.ChunkSize)
 	defer other.Close()
 	mine, err := pool.Get(4096)
 	if err != nil {

@@ -185,7 +185,7 @@ func (p *Provider) SetMemoryWindows(on bool) { p.windows = on && p.windowCap }
 // WindowBinds returns how many memory-window binds the queue pairs of pd
 // posted (0 when pd does not use windows).
 func WindowBinds(pd *verbs.ProtectionDomain) uint64 {
-	if h, ok := verbs.HookOf(pd).(*hook); ok {
+	if h, ok := link.HookOf(pd).(*hook); ok {
 		return h.binds.Load()
 	}
 	return 0

@@ -124,7 +124,10 @@ type queuePair struct {
 	discOnce  sync.Once
 }
 
-var _ verbs.QueuePair = (*queuePair)(nil)
+var (
+	_ verbs.QueuePair    = (*queuePair)(nil)
+	_ verbs.WindowBinder = (*queuePair)(nil)
+)
 
 // newQP makes the completion channel, completion queue and queue pair of
 // id, which must be bound to the provider's device.
@@ -140,7 +143,7 @@ func (p *Provider) newQP(ch *C.struct_rdma_event_channel, id *C.struct_rdma_cm_i
 	if pd == nil {
 		pd = p.NewProtectionDomain()
 	}
-	h, ok := verbs.HookOf(pd).(*hook)
+	h, ok := link.HookOf(pd).(*hook)
 	if !ok || h.p != p {
 		return nil, fmt.Errorf("%w: protection domain not made by this provider's NewProtectionDomain", verbs.ErrInvalidWR)
 	}
@@ -194,6 +197,9 @@ func softCQ(cq verbs.CompletionQueue) (*verbs.SoftCQ, error) {
 
 // PostSend queues a send work request.
 func (q *queuePair) PostSend(wr verbs.SendWR) error {
+	if wr.Opcode.IsRegistration() {
+		return q.postRegistration(wr)
+	}
 	if err := checkSend(&wr, q.maxSGE, q.maxRead); err != nil {
 		return err
 	}

@@ -24,7 +24,7 @@ func newSendInvEnv(t *testing.T) *sendInvEnv {
 	t.Helper()
 	dev := newFakeDevice()
 	h := newHook(nil, dev)
-	pd := verbs.NewProtectionDomainWithHook(h)
+	pd := link.NewDomain(h)
 	pool := mrcache.New(pd, mrcache.ChunkSize)
 	t.Cleanup(pool.Close)
 	buf, err := pool.GetWait(t.Context(), 4096)

@@ -30,7 +30,7 @@ import (
 // sends it: no system call of its own, no page pinning, no lock shared by
 // the domain's connections beyond the window's own. Invalidate posts an
 // IBV_WR_LOCAL_INV on that queue pair and Quiesce waits for its
-// completion (verbs.Quiescer); an invalidation that cannot be posted or
+// completion (spi.Quiescer); an invalidation that cannot be posted or
 // is flushed deallocates the window instead (ibv_dealloc_mw ends every
 // binding), and a new one is allocated at the next bind. Slab chunks are
 // registered with IBV_ACCESS_MW_BIND for that. Devices without memory
@@ -73,7 +73,7 @@ func (h *hook) window(mr *verbs.MemoryRegion) *window {
 	if !h.windows || !mr.IsFast() {
 		return nil
 	}
-	if w, _ := mr.HookData().(*window); w != nil && w.owner == h { // no lock: see hook
+	if w, _ := link.Data(mr).(*window); w != nil && w.owner == h { // no lock: see hook
 		return w
 	}
 	return nil
@@ -84,7 +84,7 @@ func (h *hook) window(mr *verbs.MemoryRegion) *window {
 // under the next key, which it returns. Called with the domain's lock
 // held; the region is invalid (its window free).
 func (h *hook) prepareWindow(mr *verbs.MemoryRegion) (uint32, error) {
-	buf, parent := mr.HookBytes(), mr.HookParent()
+	buf, parent := link.Bytes(mr), link.Parent(mr)
 	if len(buf) == 0 || parent == nil {
 		return 0, fmt.Errorf("%w: empty window", verbs.ErrInvalidWR)
 	}
@@ -95,7 +95,7 @@ func (h *hook) prepareWindow(mr *verbs.MemoryRegion) (uint32, error) {
 		h.mu.Lock()
 		h.wins[mr] = w
 		h.mu.Unlock()
-		mr.SetHookData(w)
+		link.SetData(mr, w)
 	}
 	if pr == nil {
 		return 0, fmt.Errorf("ibverbs: bind window: %w: target not registered on the device", verbs.ErrInvalidSTag)
@@ -115,10 +115,10 @@ func (h *hook) prepareWindow(mr *verbs.MemoryRegion) (uint32, error) {
 	w.next = incKey(w.key)
 	w.parent, w.addr, w.n = pr.mr, uintptr(unsafe.Pointer(unsafe.SliceData(buf))), len(buf)
 	w.access = 0
-	if a := mr.HookAccess(); a&verbs.AccessRemoteRead != 0 {
+	if a := link.Access(mr); a&verbs.AccessRemoteRead != 0 {
 		w.access |= C.IBV_ACCESS_REMOTE_READ
 	}
-	if a := mr.HookAccess(); a&verbs.AccessRemoteWrite != 0 {
+	if a := link.Access(mr); a&verbs.AccessRemoteWrite != 0 {
 		w.access |= C.IBV_ACCESS_REMOTE_WRITE
 	}
 	w.state = winPending
@@ -200,7 +200,7 @@ func (w *window) quiesce(ctx context.Context) error {
 	}
 }
 
-// Quiesce implements verbs.Quiescer: for a window, it waits for the local
+// Quiesce implements spi.Quiescer: for a window, it waits for the local
 // invalidation Invalidate posted.
 func (h *hook) Quiesce(ctx context.Context, mr *verbs.MemoryRegion) error {
 	if w := h.window(mr); w != nil {
@@ -215,7 +215,7 @@ func (h *hook) dropWindow(mr *verbs.MemoryRegion) {
 	if w == nil {
 		return
 	}
-	mr.SetHookData(nil)
+	link.SetData(mr, nil)
 	h.mu.Lock()
 	delete(h.wins, mr)
 	h.mu.Unlock()
@@ -288,40 +288,49 @@ func (q *queuePair) postLocalInv(w *window) error {
 // BindWindows implements verbs.WindowBinder: it posts the prepared binds
 // of mrs on the queue pair and waits until they completed.
 func (q *queuePair) BindWindows(ctx context.Context, mrs ...*verbs.MemoryRegion) error {
+	done, err := q.postBinds(mrs)
+	if err != nil || done == nil {
+		return err
+	}
+	return waitBinds(ctx, done)
+}
+
+// postBinds posts the prepared binds of mrs on the queue pair, alone; the
+// channel it returns (nil when there was nothing to bind) reports whether
+// they completed.
+func (q *queuePair) postBinds(mrs []*verbs.MemoryRegion) (<-chan bool, error) {
 	var args [C.MAX_BINDS]C.struct_bind_arg
 	ws, err := q.bindArgs(mrs, args[:])
 	if err != nil {
-		return fmt.Errorf("ibverbs: bind windows: %w", err)
+		return nil, fmt.Errorf("ibverbs: bind windows: %w", err)
 	}
 	if len(ws) == 0 {
-		return nil
+		return nil, nil
 	}
+	defer unlockWindows(ws)
 	done := make(chan bool, 1)
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.err != nil {
-		err := q.err
-		q.mu.Unlock()
-		unlockWindows(ws)
-		return err
+		return nil, q.err
 	}
 	q.nextID++
 	id := q.nextID
-	rc := C.post_binds(q.qp, &args[0], C.int(len(ws)), C.uint64_t(id))
-	if rc == 0 {
-		q.wrs[id] = wrInfo{bound: done}
-		q.boundLocked(ws)
-		q.h.binds.Add(uint64(len(ws)))
-	} else {
+	if rc := C.post_binds(q.qp, &args[0], C.int(len(ws)), C.uint64_t(id)); rc != 0 {
 		for _, w := range ws {
 			w.deallocLocked()
 			w.state = winFree
 		}
+		return nil, fmt.Errorf("%w: ibv_post_send (bind windows): %w", verbs.ErrInvalidWR, syscall.Errno(rc))
 	}
-	q.mu.Unlock()
-	unlockWindows(ws)
-	if rc != 0 {
-		return fmt.Errorf("%w: ibv_post_send (bind windows): %w", verbs.ErrInvalidWR, syscall.Errno(rc))
-	}
+	q.wrs[id] = wrInfo{bound: done}
+	q.boundLocked(ws)
+	q.h.binds.Add(uint64(len(ws)))
+	return done, nil
+}
+
+// waitBinds waits for the binds postBinds posted.
+func waitBinds(ctx context.Context, done <-chan bool) error {
 	select {
 	case ok := <-done:
 		if !ok {

@@ -11,9 +11,9 @@ import (
 // A receive completion normally goes into the receive CQ, where a
 // consumer's goroutine polls for it: the goroutine reading the socket
 // wakes the poller, which wakes whoever waits for the message. With a
-// receive handler (SetRecvHandler) the goroutine that read the message
-// hands the completion to the handler itself, saving one goroutine
-// hand-off (a wake of another OS thread) per message.
+// receive handler (SetRecvHandler, verbs.RecvHandlerSetter) the goroutine
+// that read the message hands the completion to the handler itself,
+// saving one goroutine hand-off (a wake of another OS thread) per message.
 //
 // Handler calls are serialized: one goroutine at a time delivers, in
 // completion order. A completion that comes while another goroutine is

@@ -84,12 +84,17 @@ type QP struct {
 	done      chan struct{}
 	sq        ring[sqEntry]
 	sqHeadSeq uint64 // sequence number of sq.at(0)
-	sqNextSeq uint64 // next entry to transmit
-	orq       ring[readCtx]
-	reads     int // outbound reads in flight
-	rq        ring[recvEntry]
-	rxExited  bool
-	txExited  bool
+	// regs are the completions of registration work requests not yet
+	// delivered, in posting order (regwr.go); regHead counts those
+	// delivered, regNext those ever queued.
+	regs             []pendingReg
+	regHead, regNext uint64
+	sqNextSeq        uint64 // next entry to transmit
+	orq              ring[readCtx]
+	reads            int // outbound reads in flight
+	rq               ring[recvEntry]
+	rxExited         bool
+	txExited         bool
 
 	// Inbound RDMA Read Requests waiting for the responder, at most IRD.
 	irq      chan readRequest
@@ -145,6 +150,13 @@ type QP struct {
 	txPieces         [][]byte
 	txBatch          []sqEntry
 }
+
+// The queue pair's optional capabilities (see package verbs).
+var (
+	_ verbs.QueuePair         = (*QP)(nil)
+	_ verbs.CopyCounter       = (*QP)(nil)
+	_ verbs.RecvHandlerSetter = (*QP)(nil)
+)
 
 var (
 	_ verbs.QueuePair   = (*QP)(nil)
@@ -204,6 +216,9 @@ func (q *QP) abort(err error) {
 // registered memory it names now, as a NIC resolves lkeys when it
 // processes the request.
 func (q *QP) PostSend(wr verbs.SendWR) error {
+	if wr.Opcode.IsRegistration() {
+		return q.postRegistration(wr)
+	}
 	e := sqEntry{wr: wr}
 	if len(wr.SGL) > verbs.MaxSGE {
 		return fmt.Errorf("iwarp: post %v with %d SGEs (max %d): %w", wr.Opcode, len(wr.SGL), verbs.MaxSGE, verbs.ErrInvalidWR)
@@ -290,7 +305,7 @@ func localSGE(sge verbs.SGE, need verbs.Access) ([]byte, error) {
 	if sge.MR == nil {
 		return nil, fmt.Errorf("no memory region: %w", verbs.ErrInvalidSTag)
 	}
-	return sge.MR.Local(need, sge.Offset, sge.Length)
+	return link.Local(sge.MR, need, sge.Offset, sge.Length)
 }
 
 // PostRecv implements verbs.QueuePair.
@@ -335,7 +350,14 @@ func (q *QP) completeSend(seq uint64, st verbs.Status, n uint32) {
 // releaseLocked delivers finished send completions from the head: a send
 // queue completes in order even when a later request finished first.
 func (q *QP) releaseLocked() {
-	for q.sq.len() > 0 && q.sq.at(0).done {
+	for {
+		released, blocked := q.releaseRegLocked()
+		if released {
+			continue
+		}
+		if blocked || q.sq.len() == 0 || !q.sq.at(0).done {
+			return
+		}
 		e := q.sq.pop()
 		q.sqHeadSeq++
 		c := verbs.Completion{WRID: e.wr.WRID, Status: e.status, Opcode: e.wr.Opcode}

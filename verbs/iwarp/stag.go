@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/rdmafs/rdmafs/verbs"
+	"github.com/rdmafs/rdmafs/verbs/internal/spi"
 )
 
 // maxIndex bounds the 24-bit STag index (the high bits of an STag).
@@ -16,10 +17,10 @@ const maxIndex = 1 << 24
 // names, its rights and whether it is valid, which the provider consults
 // for every tagged access of the peer (RFC 5040 s5: RDMA Write and Read
 // Request sinks and sources, Send With Invalidate). It also counts the
-// bytes the peer places in each region (verbs.PlacementCounter) and makes
-// an invalidation wait for accesses in progress (verbs.Quiescer).
+// bytes the peer places in each region (spi.PlacementCounter) and makes
+// an invalidation wait for accesses in progress (spi.Quiescer).
 //
-// It is the domain's verbs.RegistrationHook: the domain calls Register,
+// It is the domain's registration hook (spi.Hook): the domain calls Register,
 // Reregister, Invalidate and Deregister with its lock held, which is
 // taken before the table's own. The provider's data path (Begin, Place,
 // Resolve) takes only the table's lock.
@@ -31,7 +32,7 @@ const maxIndex = 1 << 24
 // unpredictable, not reused handles).
 type STagTable struct {
 	pd    *verbs.ProtectionDomain
-	inner verbs.RegistrationHook // hardware stand-in: keys come from it
+	inner DeviceStandIn // hardware stand-in: keys come from it
 
 	mu        sync.Mutex
 	idle      sync.Cond                       // signalled when a region's accesses end
@@ -40,13 +41,29 @@ type STagTable struct {
 	nextIndex uint32
 }
 
+// link is package verbs's provider side (see verbs/internal/spi).
+var link = spi.Get[*verbs.MemoryRegion, *verbs.ProtectionDomain, verbs.Access]()
+
 var (
-	_ verbs.RegistrationHook = (*STagTable)(nil)
-	_ verbs.Quiescer         = (*STagTable)(nil)
-	_ verbs.PlacementCounter = (*STagTable)(nil)
-	_ verbs.RemoteAddresser  = (*STagTable)(nil)
-	_ verbs.DomainProvider   = (*Provider)(nil)
+	_ spi.Hook[*verbs.MemoryRegion]             = (*STagTable)(nil)
+	_ spi.Quiescer[*verbs.MemoryRegion]         = (*STagTable)(nil)
+	_ spi.PlacementCounter[*verbs.MemoryRegion] = (*STagTable)(nil)
+	_ spi.RemoteAddresser[*verbs.MemoryRegion]  = (*STagTable)(nil)
+	_ verbs.DomainProvider                      = (*Provider)(nil)
 )
+
+// DeviceStandIn is what a test puts in the place of a hardware device's
+// memory translation (NewProtectionDomainWithHook): it sees every
+// registration of the domain, with the domain's lock held, and assigns
+// the STags, as a device does. Register of a fast-registration region may
+// return STag 0 (no key until it is bound). A stand-in whose regions are
+// addressed by address also has RemoteAddr(*verbs.MemoryRegion) uint64.
+type DeviceStandIn interface {
+	Register(mr *verbs.MemoryRegion) (stag uint32, err error)
+	Reregister(mr *verbs.MemoryRegion) (stag uint32, err error)
+	Invalidate(mr *verbs.MemoryRegion) error
+	Deregister(mr *verbs.MemoryRegion) error
+}
 
 // Region is the table's entry for one memory region: what a tagged access
 // of the peer reaches.
@@ -90,17 +107,17 @@ func NewProtectionDomain() *verbs.ProtectionDomain {
 // placed bytes (verbs.ProtectionDomain.CountsPlacement is false), as
 // hardware cannot. Tests use it to run the rdma-core provider's
 // bookkeeping over the pure-Go wire.
-func NewProtectionDomainWithHook(inner verbs.RegistrationHook) *verbs.ProtectionDomain {
+func NewProtectionDomainWithHook(inner DeviceStandIn) *verbs.ProtectionDomain {
 	return newDomain(inner)
 }
 
 // NewProtectionDomain implements verbs.DomainProvider.
 func (pv *Provider) NewProtectionDomain() *verbs.ProtectionDomain { return NewProtectionDomain() }
 
-func newDomain(inner verbs.RegistrationHook) *verbs.ProtectionDomain {
+func newDomain(inner DeviceStandIn) *verbs.ProtectionDomain {
 	t := &STagTable{inner: inner, regions: make(map[uint32]*Region), byMR: make(map[*verbs.MemoryRegion]*Region), nextIndex: 1}
 	t.idle.L = &t.mu
-	t.pd = verbs.NewProtectionDomainWithHook(t)
+	t.pd = link.NewDomain(t)
 	return t.pd
 }
 
@@ -110,14 +127,14 @@ func TableOf(pd *verbs.ProtectionDomain) *STagTable {
 	if pd == nil {
 		return nil
 	}
-	t, _ := verbs.HookOf(pd).(*STagTable)
+	t, _ := link.HookOf(pd).(*STagTable)
 	return t
 }
 
 // PD returns the table's protection domain.
 func (t *STagTable) PD() *verbs.ProtectionDomain { return t.pd }
 
-// Register implements verbs.RegistrationHook.
+// Register implements spi.Hook.
 func (t *STagTable) Register(mr *verbs.MemoryRegion) (uint32, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -136,7 +153,7 @@ func (t *STagTable) Register(mr *verbs.MemoryRegion) (uint32, error) {
 		r.stag = idx << 8
 	}
 	if !mr.IsFast() {
-		r.buf, r.access, r.valid = mr.HookBytes(), mr.HookAccess(), true
+		r.buf, r.access, r.valid = link.Bytes(mr), link.Access(mr), true
 	}
 	t.byMR[mr] = r
 	if r.stag != 0 {
@@ -145,7 +162,7 @@ func (t *STagTable) Register(mr *verbs.MemoryRegion) (uint32, error) {
 	return r.stag, nil
 }
 
-// Reregister implements verbs.RegistrationHook: a new key, the region's
+// Reregister implements spi.Hook: a new key, the region's
 // memory and rights as they are now, and no bytes placed yet. A region an
 // access is still using cannot be bound again.
 func (t *STagTable) Reregister(mr *verbs.MemoryRegion) (uint32, error) {
@@ -153,7 +170,7 @@ func (t *STagTable) Reregister(mr *verbs.MemoryRegion) (uint32, error) {
 	defer t.mu.Unlock()
 	r := t.byMR[mr]
 	if r == nil {
-		return 0, fmt.Errorf("STag %#08x: %w", mr.HookSTag(), verbs.ErrInvalidSTag)
+		return 0, fmt.Errorf("STag %#08x: %w", link.STag(mr), verbs.ErrInvalidSTag)
 	}
 	if r.busy > 0 {
 		return 0, fmt.Errorf("STag %#08x: still in use by the provider: %w", r.stag, verbs.ErrInvalidWR)
@@ -181,11 +198,11 @@ func (t *STagTable) Reregister(mr *verbs.MemoryRegion) (uint32, error) {
 			r.stag = old &^ 0xff // no free index: the key wraps
 		}
 	}
-	r.buf, r.access, r.placed, r.valid = mr.HookBytes(), mr.HookAccess(), 0, true
+	r.buf, r.access, r.placed, r.valid = link.Bytes(mr), link.Access(mr), 0, true
 	return r.stag, nil
 }
 
-// Invalidate implements verbs.RegistrationHook: no new access starts, and
+// Invalidate implements spi.Hook: no new access starts, and
 // accesses waiting for the peer are stopped (RFC 8166 s8.1.3: once
 // invalid, no byte may be read or written for the peer any more). It does
 // not wait for accesses in progress; Quiesce does.
@@ -206,7 +223,7 @@ func (t *STagTable) Invalidate(mr *verbs.MemoryRegion) error {
 	return nil
 }
 
-// Deregister implements verbs.RegistrationHook.
+// Deregister implements spi.Hook.
 func (t *STagTable) Deregister(mr *verbs.MemoryRegion) error {
 	if t.inner != nil {
 		if err := t.inner.Deregister(mr); err != nil {
@@ -222,7 +239,7 @@ func (t *STagTable) Deregister(mr *verbs.MemoryRegion) error {
 	return nil
 }
 
-// Quiesce implements verbs.Quiescer: it waits until no access to mr is in
+// Quiesce implements spi.Quiescer: it waits until no access to mr is in
 // progress, or ctx ends.
 func (t *STagTable) Quiesce(ctx context.Context, mr *verbs.MemoryRegion) error {
 	t.mu.Lock()
@@ -250,11 +267,11 @@ func (t *STagTable) Quiesce(ctx context.Context, mr *verbs.MemoryRegion) error {
 	return nil
 }
 
-// CountsPlacement implements verbs.PlacementCounter: true unless the table
+// CountsPlacement implements spi.PlacementCounter: true unless the table
 // stands in for hardware (NewProtectionDomainWithHook).
 func (t *STagTable) CountsPlacement() bool { return t.inner == nil }
 
-// Placed implements verbs.PlacementCounter.
+// Placed implements spi.PlacementCounter.
 func (t *STagTable) Placed(mr *verbs.MemoryRegion) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -264,10 +281,10 @@ func (t *STagTable) Placed(mr *verbs.MemoryRegion) uint64 {
 	return 0
 }
 
-// RemoteAddr implements verbs.RemoteAddresser: 0 (regions are zero
+// RemoteAddr implements spi.RemoteAddresser: 0 (regions are zero
 // based), or what the hardware stand-in says.
 func (t *STagTable) RemoteAddr(mr *verbs.MemoryRegion) uint64 {
-	if ra, ok := t.inner.(verbs.RemoteAddresser); ok {
+	if ra, ok := t.inner.(spi.RemoteAddresser[*verbs.MemoryRegion]); ok {
 		return ra.RemoteAddr(mr)
 	}
 	return 0
@@ -379,7 +396,7 @@ func (t *STagTable) Place(stag uint32, need verbs.Access, off, n uint64, place f
 // region with remote access rights can be invalidated. It does not wait
 // for accesses in progress; the upper layer's own Invalidate does.
 func (t *STagTable) InvalidateRemote(stag uint32) error {
-	return t.pd.InvalidateRemote(stag)
+	return link.InvalidateRemote(t.pd, stag)
 }
 
 // End ends an access that Begin started.

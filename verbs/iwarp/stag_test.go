@@ -43,7 +43,7 @@ func TestMemoryRegionLifecycle(t *testing.T) {
 			t.Errorf("resolve %#x %v [%d,+%d): %v, want %v", tc.stag, tc.need, tc.off, tc.n, err, tc.want)
 		}
 	}
-	if err := pd.InvalidateRemote(local.STag()); !errors.Is(err, verbs.ErrAccess) {
+	if err := link.InvalidateRemote(pd, local.STag()); !errors.Is(err, verbs.ErrAccess) {
 		t.Fatalf("remote invalidation of a local-only region: %v", err)
 	}
 	if err := mr.Invalidate(); err != nil || mr.Valid() || pd.LiveRemoteRegions() != 0 {
@@ -75,10 +75,10 @@ func TestMemoryRegionLifecycle(t *testing.T) {
 	if n := len(TableOf(pd).regions); n != 2 {
 		t.Fatalf("%d indexes in use for 2 regions", n)
 	}
-	if err := pd.InvalidateRemote(mr.STag()); err != nil || pd.LiveRemoteRegions() != 0 {
+	if err := link.InvalidateRemote(pd, mr.STag()); err != nil || pd.LiveRemoteRegions() != 0 {
 		t.Fatalf("remote invalidate: %v", err)
 	}
-	if err := pd.InvalidateRemote(mr.STag()); !errors.Is(err, verbs.ErrInvalidSTag) {
+	if err := link.InvalidateRemote(pd, mr.STag()); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("second remote invalidate: %v", err)
 	}
 	if err := mr.Deregister(); err != nil {
@@ -177,11 +177,11 @@ func TestFastRegisterWindow(t *testing.T) {
 		off  uint64
 		n    uint32
 	}{{0, 0, 1}, {verbs.AccessLocalWrite, 0, 1}, {0, 0, 0}} {
-		if _, err := fr.Local(tc.need, tc.off, tc.n); !errors.Is(err, verbs.ErrInvalidSTag) {
+		if _, err := link.Local(fr, tc.need, tc.off, tc.n); !errors.Is(err, verbs.ErrInvalidSTag) {
 			t.Errorf("local SGE %v [%d,+%d) of a fast-registration region: %v", tc.need, tc.off, tc.n, err)
 		}
 	}
-	if b, err := parent.Local(verbs.AccessLocalWrite, off, n); err != nil || len(b) != n || b[0] != 1 {
+	if b, err := link.Local(parent, verbs.AccessLocalWrite, off, n); err != nil || len(b) != n || b[0] != 1 {
 		t.Fatalf("local SGE of the parent: %v", err)
 	}
 	// Invalidate, then bind again: the stale STag stays dead.
@@ -191,7 +191,7 @@ func TestFastRegisterWindow(t *testing.T) {
 	if _, err := TableOf(pd).Resolve(s1, verbs.AccessRemoteRead, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("invalidated window resolves: %v", err)
 	}
-	if _, err := fr.Local(0, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+	if _, err := link.Local(fr, 0, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("local SGE of an invalidated fast-registration region: %v", err)
 	}
 	s2, err := fr.FastRegister(parent, 0, 50, verbs.AccessRemoteRead)
@@ -221,7 +221,7 @@ func TestFastRegisterWindow(t *testing.T) {
 	// Remote invalidation (Send With Invalidate) unbinds it as well, and
 	// no later binding reuses an STag, even once the index's 256 keys
 	// are used up (RFC 8166 s8.1.2).
-	if err := pd.InvalidateRemote(s2); err != nil || fr.Valid() {
+	if err := link.InvalidateRemote(pd, s2); err != nil || fr.Valid() {
 		t.Fatalf("remote invalidate: %v", err)
 	}
 	seen := map[uint32]bool{s1: true, s2: true}
@@ -404,7 +404,7 @@ func TestInvalidateAbortsAccess(t *testing.T) {
 			case "remote":
 				// A Send With Invalidate does not wait (RFC 5040
 				// s5.3); the upper layer's own Invalidate does.
-				done <- pd.InvalidateRemote(mr.STag())
+				done <- link.InvalidateRemote(pd, mr.STag())
 			case "reregister":
 				go func() { _, err := mr.Reregister(verbs.AccessRemoteRead); done <- err }()
 			case "deregister":
@@ -571,101 +571,5 @@ func TestPlaceExcludesInvalidate(t *testing.T) {
 		if b != 3 {
 			t.Fatalf("byte %d placed after Deregister returned", i)
 		}
-	}
-}
-
-// reuseHook hands out STags like hardware does: the lowest free index,
-// reused as soon as a region is invalidated.
-type reuseHook struct {
-	used map[uint32]bool
-	of   map[*verbs.MemoryRegion]uint32
-	key  uint32
-}
-
-func (h *reuseHook) take(mr *verbs.MemoryRegion) uint32 {
-	for i := uint32(1); ; i++ {
-		if !h.used[i] {
-			h.used[i] = true
-			h.key++
-			h.of[mr] = i
-			return i<<8 | h.key&0xff
-		}
-	}
-}
-
-func (h *reuseHook) drop(mr *verbs.MemoryRegion) {
-	if i, ok := h.of[mr]; ok {
-		delete(h.used, i)
-		delete(h.of, mr)
-	}
-}
-
-func (h *reuseHook) Register(mr *verbs.MemoryRegion) (uint32, error) {
-	if mr.IsFast() {
-		return 0, nil
-	}
-	return h.take(mr), nil
-}
-func (h *reuseHook) Reregister(mr *verbs.MemoryRegion) (uint32, error) {
-	h.drop(mr)
-	return h.take(mr), nil
-}
-func (h *reuseHook) Invalidate(mr *verbs.MemoryRegion) error  { h.drop(mr); return nil }
-func (h *reuseHook) Deregister(mr *verbs.MemoryRegion) error  { h.drop(mr); return nil }
-func (h *reuseHook) RemoteAddr(mr *verbs.MemoryRegion) uint64 { return 0x1000 }
-
-// TestHookReusedIndexes: hardware reuses the STag index of an invalidated
-// region; the domain follows, and fast regions without a key yet coexist.
-func TestHookReusedIndexes(t *testing.T) {
-	h := &reuseHook{used: map[uint32]bool{}, of: map[*verbs.MemoryRegion]uint32{}}
-	pd := NewProtectionDomainWithHook(h)
-	if TableOf(pd).inner != verbs.RegistrationHook(h) {
-		t.Fatal("verbs.HookOf")
-	}
-	slab, err := pd.RegisterMemory(make([]byte, 8192), verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := pd.AllocFastReg()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := pd.AllocFastReg()
-	if err != nil {
-		t.Fatalf("second unbound fast region: %v", err)
-	}
-	sa, err := a.FastRegister(slab, 0, 100, verbs.AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.RemoteAddr() != 0x1000 {
-		t.Fatalf("RemoteAddr = %#x", a.RemoteAddr())
-	}
-	if err := a.Invalidate(); err != nil {
-		t.Fatal(err)
-	}
-	sb, err := b.FastRegister(slab, 100, 100, verbs.AccessRemoteRead)
-	if err != nil {
-		t.Fatalf("bind on a reused index: %v", err)
-	}
-	if sb>>8 != sa>>8 {
-		t.Fatalf("hook did not reuse the index: %#x %#x", sa, sb)
-	}
-	if _, err := TableOf(pd).Resolve(sb, verbs.AccessRemoteRead, 0, 100); err != nil {
-		t.Fatalf("resolve new holder: %v", err)
-	}
-	if _, err := TableOf(pd).Resolve(sa, verbs.AccessRemoteWrite, 0, 100); err == nil {
-		t.Fatal("stale STag resolved")
-	}
-	if _, err := a.FastRegister(slab, 0, 10, verbs.AccessRemoteWrite); err != nil {
-		t.Fatal(err)
-	}
-	for _, mr := range []*verbs.MemoryRegion{a, b, slab} {
-		if err := mr.Deregister(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := len(TableOf(pd).regions); n != 0 {
-		t.Fatalf("%d regions left indexed", n)
 	}
 }

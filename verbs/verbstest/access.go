@@ -49,6 +49,13 @@ func (e *denyEnv) warmRead(stag uint32, addr uint64, n int) {
 // badKey returns stag with another key byte: a key never issued.
 func badKey(stag uint32) uint32 { return stag&^0xff | (stag+0x35)&0xff }
 
+// denyCase is one refused remote access of testRemoteAccessDenied.
+type denyCase struct {
+	name    string
+	prepare func(e *denyEnv) access
+	served  func(c Caps) bool // the device serves the access (a documented gap)
+}
+
 // testRemoteAccessDenied: an RDMA Write or Read outside a registration
 // (past its end, before a window's start, without the right, under a key
 // never issued, or after the region was invalidated or deregistered)
@@ -56,11 +63,31 @@ func badKey(stag uint32) uint32 { return stag&^0xff | (stag+0x35)&0xff }
 // provider's refusal status, both queue pairs break, posted receives and
 // later work requests complete as flushed.
 func testRemoteAccessDenied(t *testing.T, tg *Target) {
-	cases := []struct {
-		name    string
-		prepare func(e *denyEnv) access
-		served  func(c Caps) bool // the device serves the access (a documented gap)
-	}{
+	var cases []denyCase
+	cases = append(cases, boundsDenied()...)
+	cases = append(cases, rightsDenied()...)
+	cases = append(cases, invalidatedDenied()...)
+	for _, cs := range cases {
+		t.Run(cs.name, func(t *testing.T) {
+			c, s := tg.connect(t, nil, nil)
+			e := &denyEnv{t: t, c: c, s: s}
+			e.recv, _ = region(t, s.PD(), 4096, 0, lw)
+			e.warm, _ = region(t, c.PD(), 4096, guard, 0)
+			e.warmSink, _ = region(t, c.PD(), 4096, 0, lw)
+			a := cs.prepare(e)
+			if cs.served != nil && cs.served(tg.Caps) {
+				t.Logf("the provider serves this access (Caps: %+v)", tg.Caps)
+				e.warmRead(a.stag, a.addr, a.n)
+				return
+			}
+			deny(t, tg, e, a)
+		})
+	}
+}
+
+// boundsDenied are accesses outside a region's or window's bytes.
+func boundsDenied() []denyCase {
+	return []denyCase{
 		{"WritePastEnd", func(e *denyEnv) access {
 			mr, b := region(e.t, e.s.PD(), 4096, guard, lw|rw)
 			return access{true, mr.STag(), mr.RemoteAddr() + 4095, 2, b}
@@ -88,6 +115,13 @@ func testRemoteAccessDenied(t *testing.T, tg *Target) {
 			w := window(e.t, e.s, target, 100, 1000, rr)
 			return access{false, w.STag(), w.RemoteAddr() + 999, 2, nil}
 		}, nil},
+	}
+}
+
+// rightsDenied are accesses without the right, or under a key never
+// issued.
+func rightsDenied() []denyCase {
+	return []denyCase{
 		{"WriteWithoutRight", func(e *denyEnv) access {
 			mr, b := region(e.t, e.s.PD(), 4096, guard, lw|rr)
 			return access{true, mr.STag(), mr.RemoteAddr(), 8, b}
@@ -104,6 +138,14 @@ func testRemoteAccessDenied(t *testing.T, tg *Target) {
 			mr, _ := region(e.t, e.s.PD(), 4096, guard, rr)
 			return access{false, badKey(mr.STag()), mr.RemoteAddr(), 8, nil}
 		}, nil},
+	}
+}
+
+// invalidatedDenied are accesses after the region was invalidated (by
+// the synchronous call or a local-invalidate work request) or
+// deregistered.
+func invalidatedDenied() []denyCase {
+	return []denyCase{
 		{"WriteAfterInvalidate", func(e *denyEnv) access {
 			mr, b := region(e.t, e.s.PD(), 4096, guard, lw|rw)
 			stag, addr := mr.STag(), mr.RemoteAddr()
@@ -142,22 +184,21 @@ func testRemoteAccessDenied(t *testing.T, tg *Target) {
 			}
 			return access{false, stag, addr, 8, nil}
 		}, nil},
-	}
-	for _, cs := range cases {
-		t.Run(cs.name, func(t *testing.T) {
-			c, s := tg.connect(t, nil, nil)
-			e := &denyEnv{t: t, c: c, s: s}
-			e.recv, _ = region(t, s.PD(), 4096, 0, lw)
-			e.warm, _ = region(t, c.PD(), 4096, guard, 0)
-			e.warmSink, _ = region(t, c.PD(), 4096, 0, lw)
-			a := cs.prepare(e)
-			if cs.served != nil && cs.served(tg.Caps) {
-				t.Logf("the provider serves this access (Caps: %+v)", tg.Caps)
-				e.warmRead(a.stag, a.addr, a.n)
-				return
-			}
-			deny(t, tg, e, a)
-		})
+		{"WriteAfterLocalInvalidateWR", func(e *denyEnv) access {
+			target, b := region(e.t, e.s.PD(), 2*4096, guard, lw)
+			w := bindWR(e.t, e.s, verbs.OpFastRegister, target, 100, 1000, lw|rw)
+			stag, addr := w.STag(), w.RemoteAddr()
+			e.warmWrite(stag, addr, 1000)
+			invalidateWR(e.t, e.s, w)
+			return access{true, stag, addr, 8, b}
+		}, nil},
+		{"ReadAfterLocalInvalidateWR", func(e *denyEnv) access {
+			mr, _ := region(e.t, e.s.PD(), 4096, guard, rr)
+			stag, addr := mr.STag(), mr.RemoteAddr()
+			e.warmRead(stag, addr, 100)
+			invalidateWR(e.t, e.s, mr)
+			return access{false, stag, addr, 8, nil}
+		}, nil},
 	}
 }
 

@@ -144,6 +144,8 @@ func Run(t *testing.T, tg Target) {
 		{"GatherScatter", testGatherScatter},
 		{"WriteRead", testWriteRead},
 		{"FastRegWindow", testFastRegWindow},
+		{"RegistrationWR", testRegistrationWR},
+		{"RegistrationWRErrors", testRegistrationWRErrors},
 		{"ReadDepth", testReadDepth},
 		{"RemoteAccessDenied", testRemoteAccessDenied},
 		{"Reregister", testReregister},
