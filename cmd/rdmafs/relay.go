@@ -295,7 +295,7 @@ type relayConn struct {
 	r     *relay
 	rc    *rpcrdma.ResponderConn
 	tcp   *oncrpc.TCPTransport
-	fwd   oncrpc.CallHandler
+	fwd   oncrpc.ViewHandler
 	since time.Time
 	calls atomic.Uint64
 	// closing is set once the RDMA connection ended: the TCP connection
@@ -356,22 +356,36 @@ func (r *relay) tracef(format string, args ...any) {
 }
 
 // HandleCall relays one call to the server, its AUTH_SYS credential
-// mapped as the gate says (relay_gate.go).
+// mapped as the gate says (relay_gate.go), and returns a copy of the
+// reply: the responder calls HandleCallView instead.
 func (c *relayConn) HandleCall(msg []byte) []byte {
+	reply := c.HandleCallView(msg)
+	defer c.ReleaseView(reply)
+	if reply.IsZero() {
+		return nil
+	}
+	return append([]byte(nil), reply.Bytes()...)
+}
+
+// HandleCallView relays one call as HandleCall does and returns the
+// server's reply where the TCP connection received it, lent until
+// ReleaseView: the responder sends it from there, without a copy of its
+// own in between (oncrpc.ViewHandler).
+func (c *relayConn) HandleCallView(msg []byte) oncrpc.View {
 	c.calls.Add(1)
 	msg, refusal, err := c.r.cfg.gate.squash.MapCall(msg)
 	switch {
 	case err != nil:
 		c.r.malformed.Add(1)
 		c.r.tracef("relay: %v: dropped: %v", c.rc.RemoteAddr(), err)
-		return nil
+		return oncrpc.View{}
 	case refusal != nil:
 		c.r.credRefused.Add(1)
-		return refusal
+		return oncrpc.Plain(refusal)
 	}
 	c.r.forwarded.Add(1)
-	reply := c.fwd.HandleCall(msg)
-	if reply == nil {
+	reply := c.fwd.HandleCallView(msg)
+	if reply.IsZero() {
 		c.r.lost.Add(1)
 		if len(msg) >= 4 {
 			c.r.tracef("relay: %v: no reply from the server to xid %#x", c.rc.RemoteAddr(), uint32(msg[0])<<24|uint32(msg[1])<<16|uint32(msg[2])<<8|uint32(msg[3]))
@@ -379,6 +393,14 @@ func (c *relayConn) HandleCall(msg []byte) []byte {
 	}
 	return reply
 }
+
+// ReleaseView gives a reply HandleCallView returned back to the
+// connection to the server (a refusal, in ordinary memory, needs
+// nothing).
+func (c *relayConn) ReleaseView(reply oncrpc.View) { c.fwd.ReleaseView(reply) }
+
+// The responder sends relayed replies from where they were received.
+var _ oncrpc.ViewHandler = (*relayConn)(nil)
 
 // serverBroke closes the RDMA connection once its connection to the
 // server broke, unless the relay closed that one itself.
