@@ -77,21 +77,28 @@ func stallRelay(t *testing.T, ctx context.Context, addr string, calls, chunk int
 	if err != nil {
 		t.Fatal(err)
 	}
+	// nullCall sends an NFS NULL call with reads as its Read chunk.
+	nullCall := func(xid uint32, reads []rpcrdma.ReadSegment) {
+		var call xdr.Encoder
+		oncrpc.AppendCallHeader(&call, xid, 100003, 4, 0, oncrpc.AuthNone)
+		for i := range reads {
+			reads[i].Position = uint32(call.Len())
+		}
+		h := rpcrdma.Header{XID: xid, Vers: rpcrdma.Version1, Credit: 8, Proc: rpcrdma.ProcMsg, Reads: reads}
+		var e xdr.Encoder
+		h.Append(&e)
+		msg := append(e.Bytes(), call.Bytes()...)
+		mr, err := pd.RegisterMemory(msg, verbs.AccessLocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qp.PostSend(verbs.SendWR{WRID: uint64(xid), Opcode: verbs.OpSend, SGL: []verbs.SGE{{MR: mr, Length: uint32(len(msg))}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// RFC 8166 s3.3.3: one credit until the first reply, which grants
 	// the rest: a NULL call first, answered, then the stalled ones.
-	var null xdr.Encoder
-	oncrpc.AppendCallHeader(&null, 0x4fff, 100003, 4, 0, oncrpc.AuthNone)
-	first := rpcrdma.Header{XID: 0x4fff, Vers: rpcrdma.Version1, Credit: 8, Proc: rpcrdma.ProcMsg}
-	var fe xdr.Encoder
-	first.Append(&fe)
-	fmsg := append(fe.Bytes(), null.Bytes()...)
-	fmr, err := pd.RegisterMemory(fmsg, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := qp.PostSend(verbs.SendWR{WRID: 1000, Opcode: verbs.OpSend, SGL: []verbs.SGE{{MR: fmr, Length: uint32(len(fmsg))}}}); err != nil {
-		t.Fatal(err)
-	}
+	nullCall(0x4fff, nil)
 	var wc [1]verbs.Completion
 	if n, err := qp.RecvCQ().Poll(ctx, wc[:]); err != nil || n != 1 || wc[0].Status != verbs.StatusSuccess {
 		t.Fatalf("hostile requester: the first call's reply: %d completions, %v", n, err)
@@ -101,21 +108,7 @@ func stallRelay(t *testing.T, ctx context.Context, addr string, calls, chunk int
 	}
 	conn.stalled.Store(true)
 	for i := range calls {
-		xid := uint32(0x5000 + i)
-		var call xdr.Encoder
-		oncrpc.AppendCallHeader(&call, xid, 100003, 4, 0, oncrpc.AuthNone)
-		h := rpcrdma.Header{XID: xid, Vers: rpcrdma.Version1, Credit: 8, Proc: rpcrdma.ProcMsg,
-			Reads: []rpcrdma.ReadSegment{{Position: uint32(call.Len()), Segment: rpcrdma.Segment{Handle: src.STag(), Length: uint32(chunk)}}}}
-		var e xdr.Encoder
-		h.Append(&e)
-		msg := append(e.Bytes(), call.Bytes()...)
-		mr, err := pd.RegisterMemory(msg, verbs.AccessLocalWrite)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := qp.PostSend(verbs.SendWR{WRID: uint64(i + 1), Opcode: verbs.OpSend, SGL: []verbs.SGE{{MR: mr, Length: uint32(len(msg))}}}); err != nil {
-			t.Fatal(err)
-		}
+		nullCall(uint32(0x5000+i), []rpcrdma.ReadSegment{{Segment: rpcrdma.Segment{Handle: src.STag(), Length: uint32(chunk)}}})
 	}
 	return qp
 }
