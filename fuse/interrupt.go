@@ -44,6 +44,18 @@ import (
 //
 // A caller whose pid the mount's pid namespace cannot name (pid 0) is
 // never taken for dying: its wait ends when the server answers.
+//
+// Over io_uring the interrupt may never come. The kernel marks a ring
+// request sent (FR_SENT) only when the ring's task copies it into an
+// entry (fs/fuse/dev_uring.c fuse_uring_prepare_send, run as task work
+// after the request was queued), and a signal that comes before that
+// queues no interrupt (fs/fuse/dev.c request_wait_answer: queue_interrupt
+// only if FR_SENT); unlike read(2) on /dev/fuse (fuse_dev_do_read), the
+// ring path does not look for FR_INTERRUPTED once the request is sent.
+// The kernel's documentation says as much (fuse-io-uring.rst:
+// "Interrupts are probably not working correctly yet"). So over io_uring
+// a request that has waited unpromptedAfter is looked at for a dying
+// caller as if it had been interrupted, without counting an interrupt.
 
 // SIGKILL's bit in the masks of /proc/PID/status (signal 9: bit 8).
 const sigkillMask = 1 << (9 - 1)
@@ -55,6 +67,11 @@ const (
 	dyingPollMax = 250 * time.Millisecond
 )
 
+// unpromptedAfter is how long a request waits before its caller is
+// looked at for a fatal signal without an interrupt (io_uring, above):
+// longer than most requests take, so that they pay nothing for it.
+const unpromptedAfter = 200 * time.Millisecond
+
 // interruptWatch makes, for each request, the cancel channel the file
 // system sees (see above).
 type interruptWatch struct {
@@ -64,6 +81,9 @@ type interruptWatch struct {
 	// caller is dying then, and again if the caller is found dying
 	// later.
 	note func(tid uint32, dying bool)
+	// unprompted makes a request that has waited unpromptedAfter look
+	// for a dying caller without an interrupt (io_uring, above).
+	unprompted bool
 }
 
 // watch returns the cancel channel for a request from thread tid whose
@@ -73,13 +93,23 @@ func (w *interruptWatch) watch(cancel <-chan struct{}, tid uint32) (<-chan struc
 	out := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
+		var unprompted <-chan time.Time
+		if w.unprompted && tid != 0 {
+			t := time.NewTimer(unpromptedAfter)
+			defer t.Stop()
+			unprompted = t.C
+		}
 		select {
 		case <-done:
 			return
 		case <-cancel:
-		}
-		if w.waitDying(tid, done) {
-			close(out)
+			if w.waitDying(tid, done) {
+				close(out)
+			}
+		case <-unprompted:
+			if w.pollDying(tid, done) {
+				close(out)
+			}
 		}
 	}()
 	return out, func() { close(done) }
@@ -93,6 +123,12 @@ func (w *interruptWatch) waitDying(tid uint32, done <-chan struct{}) bool {
 	if dying || tid == 0 {
 		return dying
 	}
+	return w.pollDying(tid, done)
+}
+
+// pollDying looks at thread tid, more and more seldom, until it is dying
+// (true) or done closes (false).
+func (w *interruptWatch) pollDying(tid uint32, done <-chan struct{}) bool {
 	t := time.NewTimer(dyingPollMin)
 	defer t.Stop()
 	for delay := dyingPollMin; ; {

@@ -157,3 +157,61 @@ func BenchmarkInterruptWatch(b *testing.B) {
 		done()
 	}
 }
+
+// TestInterruptWatchUnprompted checks the io_uring case, where the
+// kernel may send no interrupt: a request whose caller dies ends after
+// unpromptedAfter without one, noted as honoured; a caller that is not
+// dying waits on; pid 0 is never looked at; and a watch without
+// unprompted never ends a request by itself.
+func TestInterruptWatchUnprompted(t *testing.T) {
+	var dying atomic.Bool
+	var looked, honoured atomic.Int32
+	w := &interruptWatch{
+		dying: func(uint32) bool { looked.Add(1); return dying.Load() },
+		note: func(_ uint32, d bool) {
+			if d {
+				honoured.Add(1)
+			}
+		},
+		unprompted: true,
+	}
+	closed := func(c <-chan struct{}, within time.Duration) bool {
+		select {
+		case <-c:
+			return true
+		case <-time.After(within):
+			return false
+		}
+	}
+	never := make(chan struct{})
+
+	c, done := w.watch(never, 42)
+	if closed(c, 2*unpromptedAfter) {
+		t.Fatal("a request whose caller is not dying ended without an interrupt")
+	}
+	if looked.Load() == 0 {
+		t.Fatal("the caller of a long request was never looked at")
+	}
+	dying.Store(true)
+	if !closed(c, time.Minute) {
+		t.Fatal("a killed caller's request did not end without an interrupt")
+	}
+	done()
+	if honoured.Load() != 1 {
+		t.Errorf("noted %d honoured, want 1", honoured.Load())
+	}
+
+	looked.Store(0)
+	c, done = w.watch(never, 0)
+	if closed(c, 2*unpromptedAfter) || looked.Load() != 0 {
+		t.Errorf("pid 0: ended or looked at %d times", looked.Load())
+	}
+	done()
+
+	w.unprompted = false
+	c, done = w.watch(never, 42)
+	if closed(c, 2*unpromptedAfter) {
+		t.Error("a watch without unprompted ended a request without an interrupt")
+	}
+	done()
+}

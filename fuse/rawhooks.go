@@ -182,8 +182,12 @@ func (r rawHooks) Writev(cancel <-chan struct{}, in *gofuse.WriteIn, data [][]by
 // their requests, INTERRUPTs included, to the same raw file system.
 func (f *FS) mount(dir string, root fs.InodeEmbedder, opts *fs.Options) (*gofuse.Server, error) {
 	hooks := rawHooks{RawFileSystem: fs.NewNodeFS(root, opts), reqs: &f.reqs, releases: newReleaseWait()}
-	raw := killable{RawFileSystem: hooks, w: &interruptWatch{dying: threadDying, note: f.noteInterrupt}}
+	watch := &interruptWatch{dying: threadDying, note: f.noteInterrupt}
+	raw := killable{RawFileSystem: hooks, w: watch}
 	if f.opts.URing != URingOff {
+		// Set before the mount serves anything, even should it fall
+		// back to /dev/fuse, where this only costs a look now and then.
+		watch.unprompted = true
 		return f.mountURing(dir, raw, &opts.MountOptions)
 	}
 	srv, err := gofuse.NewServer(raw, dir, &opts.MountOptions)

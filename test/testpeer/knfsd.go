@@ -212,6 +212,16 @@ var startingKnfsd sync.Map
 // qemuPID returns the PID recorded in the run directory, 0 if none.
 func (k *Knfsd) qemuPID() int { return readPID(filepath.Join(k.RunDir, "qemu.pid")) }
 
+// Alive reports whether the guest's qemu is still running. A server
+// given by RDMAFS_KNFSD_TCP is taken to be.
+func (k *Knfsd) Alive() bool {
+	if k.RunDir == "" {
+		return true
+	}
+	pid := k.qemuPID()
+	return pid != 0 && processAlive(pid) && cmdlineContains(pid, "qemu-system")
+}
+
 // Stop kills the guest's qemu (by the PID run.sh recorded, after checking
 // it is a qemu) and removes the run directory unless RDMAFS_TESTPEER_KEEP=1.
 // Stop is idempotent; it does nothing for a server from RDMAFS_KNFSD_TCP.

@@ -71,9 +71,21 @@ func (w Way) Server(t testing.TB) Server {
 	return w.resolve(t)
 }
 
-// Each runs f as a subtest named after each way, on its server.
+// Each runs f as a subtest named after each way, on its server. A
+// subtest that fails on a knfsd guest that has died says so, with the
+// guest's console: the test's own errors are then the server's crash.
 func Each(t *testing.T, ways []Way, f func(t *testing.T, s Server)) {
 	for _, w := range ways {
-		t.Run(w.Name, func(t *testing.T) { f(t, w.Server(t)) })
+		t.Run(w.Name, func(t *testing.T) {
+			s := w.Server(t)
+			if k := s.Knfsd; k != nil {
+				t.Cleanup(func() {
+					if t.Failed() && !k.Alive() {
+						t.Logf("the knfsd guest (run directory %s) died during this test:\n%s", k.RunDir, k.LogTail())
+					}
+				})
+			}
+			f(t, s)
+		})
 	}
 }

@@ -22,7 +22,7 @@ const (
 
 // shared holds the servers started by Require* in this test binary.
 var shared struct {
-	knfsdOnce   sync.Once
+	knfsdMu     sync.Mutex // held while the shared guest starts
 	knfsd       *Knfsd
 	knfsdErr    error
 	ganeshaOnce sync.Once
@@ -52,12 +52,39 @@ func register(stop func() error) bool {
 // starting it on first use; concurrent calls wait for the same start. It
 // skips the test in -short mode and fails it (with the server's log tail)
 // if the server cannot be started.
+//
+// A shared guest whose qemu has gone (a guest kernel panic ends qemu:
+// panic=-1, -no-reboot) fails the test that finds it so, with the dead
+// guest's console, and is replaced by a new one for this test and the
+// ones after it: a crashed server is reported once, loudly, instead of
+// as every later test's "connection refused". The dead guest's run
+// directory is kept.
 func RequireKnfsd(t testing.TB) *Knfsd {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("integration test: needs knfsd (qemu guest from test/kpeer); skipped in -short mode")
 	}
-	shared.knfsdOnce.Do(func() {
+	k, died, err := sharedKnfsd()
+	if died != "" {
+		t.Errorf("integration test: the shared knfsd guest died under an earlier test; a new one serves this test and the ones after it.\n%s", died)
+	}
+	if err != nil {
+		t.Fatalf("integration test: cannot start knfsd: %v", err)
+	}
+	return k
+}
+
+// sharedKnfsd returns the shared guest, starting it if there is none or
+// the one there was has died; died then describes the dead one.
+func sharedKnfsd() (k *Knfsd, died string, err error) {
+	shared.knfsdMu.Lock()
+	defer shared.knfsdMu.Unlock()
+	if old := shared.knfsd; old != nil && !old.Alive() {
+		died = fmt.Sprintf("Its qemu has exited; run directory %s kept.\n%s", old.RunDir, old.LogTail())
+		old.stopOnce.Do(func() { old.stopErr = old.stop(false) })
+		shared.knfsd = nil
+	}
+	if shared.knfsd == nil && shared.knfsdErr == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), knfsdStartTimeout)
 		defer cancel()
 		k, err := StartKnfsd(ctx, KnfsdOptions{})
@@ -66,11 +93,8 @@ func RequireKnfsd(t testing.TB) *Knfsd {
 			k, err = nil, errors.New("testpeer: stopping")
 		}
 		shared.knfsd, shared.knfsdErr = k, err
-	})
-	if shared.knfsdErr != nil {
-		t.Fatalf("integration test: cannot start knfsd: %v", shared.knfsdErr)
 	}
-	return shared.knfsd
+	return shared.knfsd, died, shared.knfsdErr
 }
 
 // RequireGanesha returns the NFS-Ganesha server shared by all tests of this

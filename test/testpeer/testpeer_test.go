@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -154,5 +156,56 @@ func TestRepoRoot(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "test", "kpeer", "run.sh")); err != nil {
 		t.Errorf("repo root %s: %v", root, err)
+	}
+}
+
+// recordingTB is a testing.TB that records Errorf instead of failing.
+type recordingTB struct {
+	testing.TB
+	errs []string
+}
+
+func (r *recordingTB) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// TestKnfsdDiedReplaced kills the shared guest's qemu, as a guest kernel
+// panic would end it, and checks that the next RequireKnfsd reports the
+// death once with the dead guest's console, keeps its run directory, and
+// returns a new guest that answers.
+func TestKnfsdDiedReplaced(t *testing.T) {
+	old := RequireKnfsd(t)
+	if old.RunDir == "" {
+		t.Fatal("RDMAFS_KNFSD_TCP names an outside server; this test needs the harness's own guest")
+	}
+	pid := old.qemuPID()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); old.Alive(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("qemu %d still there a minute after SIGKILL", pid)
+		}
+	}
+	rec := &recordingTB{TB: t}
+	k := RequireKnfsd(rec)
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "died") || !strings.Contains(rec.errs[0], "serial.log") {
+		t.Fatalf("RequireKnfsd after the guest died reported %q; want one error with the console", rec.errs)
+	}
+	if k == old || !k.Alive() {
+		t.Fatalf("RequireKnfsd returned the dead guest (or one not running)")
+	}
+	if _, err := os.Stat(filepath.Join(old.RunDir, "serial.log")); err != nil {
+		t.Errorf("the dead guest's console: %v", err)
+	}
+	os.RemoveAll(old.RunDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := NullCall(ctx, k.TCPAddr); err != nil {
+		t.Fatalf("the new guest: %v", err)
+	}
+	rec.errs = nil
+	if RequireKnfsd(rec) != k || len(rec.errs) != 0 {
+		t.Errorf("a live guest was replaced or reported: %q", rec.errs)
 	}
 }
