@@ -2,15 +2,18 @@ package fuse
 
 import (
 	"context"
-	"sync"
 	"syscall"
 	"time"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/rdmafs/rdmafs/internal/trace"
+	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
+
+// readsInFlight bounds the READs one read request keeps in flight.
+const readsInFlight = 16
 
 // Reading an open file: READs of rsize sent concurrently into the
 // kernel's buffer (or a lent registered one), or the data left in the
@@ -43,7 +46,7 @@ func (h *file) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadRes
 	if mem == nil && len(dest) <= rsize {
 		return h.readInPlace(ctx, dest, off, start)
 	}
-	total, err := h.readChunks(ctx, buf, uint64(off), rsize)
+	total, err := h.readRange(ctx, buf, uint64(off), rsize)
 	if err != nil && total == 0 {
 		if mem != nil {
 			_ = mem.Release()
@@ -79,7 +82,7 @@ func (h *file) readInPlace(ctx context.Context, dest []byte, off int64, start ti
 			release()
 		}
 		// An error here leaves a short answer; the next READ reports it.
-		n, _ := h.readSeq(ctx, oncrpc.Plain(dest[total:]), uint64(off)+uint64(total))
+		n, _ := h.readRange(ctx, oncrpc.Plain(dest[total:]), uint64(off)+uint64(total), c.RSize())
 		total += n
 		res = gofuse.ReadResultData(dest[:total])
 	}
@@ -91,67 +94,14 @@ func (h *file) readInPlace(ctx context.Context, dest []byte, off int64, start ti
 	return res, 0
 }
 
-// readChunks fills dest from off with READs of at most rsize bytes, sent
-// concurrently when dest needs several (the server's rsize may be far
-// below the kernel's 1 MiB FUSE READ). It returns how many bytes at the
-// start of dest are valid.
-func (h *file) readChunks(ctx context.Context, dest oncrpc.View, off uint64, rsize int) (int, error) {
+// readRange fills dest from off with READs of at most rsize bytes, up
+// to readsInFlight at once when dest needs several (the server's rsize
+// may be far below the kernel's max_read): nfsclient.ReadRange, which the
+// library's reads share.
+func (h *file) readRange(ctx context.Context, dest oncrpc.View, off uint64, rsize int) (int, error) {
 	c := h.n.fsys.c
-	if dest.Len() <= rsize {
-		return h.readSeq(ctx, dest, off)
+	read := func(ctx context.Context, off uint64, dest oncrpc.View) (int, bool, error) {
+		return c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off, dest)
 	}
-	type result struct {
-		n   int
-		eof bool
-		err error
-	}
-	nchunks := (dest.Len() + rsize - 1) / rsize
-	res := make([]result, nchunks)
-	var wg sync.WaitGroup
-	for i := range nchunks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lo := i * rsize
-			chunk := dest.Slice(lo, min(dest.Len(), lo+rsize))
-			n, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(lo), chunk)
-			res[i] = result{n, eof, err}
-		}()
-	}
-	wg.Wait()
-	total := 0
-	for i, r := range res {
-		if r.err != nil {
-			return total, r.err
-		}
-		total += r.n
-		want := min(dest.Len(), (i+1)*rsize) - i*rsize
-		if r.eof || r.n == 0 {
-			return total, nil
-		}
-		if r.n < want {
-			// A short READ that is not at EOF: read the rest in order.
-			n, err := h.readSeq(ctx, dest.Slice(total, dest.Len()), off+uint64(total))
-			return total + n, err
-		}
-	}
-	return total, nil
-}
-
-// readSeq fills dest with READs one after the other.
-func (h *file) readSeq(ctx context.Context, dest oncrpc.View, off uint64) (int, error) {
-	c := h.n.fsys.c
-	total := 0
-	for total < dest.Len() {
-		chunk := dest.Slice(total, min(dest.Len(), total+c.RSize()))
-		k, eof, err := c.Read(ctx, h.cred, h.of.FH, h.of.StateID, off+uint64(total), chunk)
-		if err != nil {
-			return total, err
-		}
-		total += k
-		if eof || k == 0 {
-			break
-		}
-	}
-	return total, nil
+	return nfsclient.ReadRange(ctx, read, dest, off, rsize, readsInFlight)
 }

@@ -19,6 +19,9 @@ import (
 // the server restarts and loses it (RFC 8881 s18.32.3).
 const commitAfter = 64 << 20
 
+// readsInFlight bounds the READs one ReadAt keeps in flight.
+const readsInFlight = 8
+
 // File is an open file or directory on the export. Regular files hold
 // NFSv4 open state (OPEN, RFC 8881 s18.16) until Close. Writes are sent
 // UNSTABLE and made stable by Sync and Close (COMMIT, s18.3), which
@@ -185,7 +188,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // ReadAtContext is ReadAt with a context: READs of at most the
-// session's rsize (RFC 8881 s18.22).
+// session's rsize (RFC 8881 s18.22), up to readsInFlight at once.
 func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := f.check("read", false); err != nil {
 		return 0, err
@@ -197,22 +200,17 @@ func (f *File) readAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, pathErr("read", f.name, syscall.EINVAL)
 	}
-	total := 0
-	for total < len(p) {
-		chunk := p[total:min(len(p), total+f.c.nfs.RSize())]
-		n, eof, err := f.c.nfs.Read(ctx, f.c.cred, f.fh, f.of.StateID, uint64(off)+uint64(total), oncrpc.Plain(chunk))
-		total += n
-		if err != nil {
-			return total, pathErr("read", f.name, err)
-		}
-		if eof || n == 0 {
-			if total < len(p) {
-				return total, io.EOF
-			}
-			break
-		}
+	read := func(ctx context.Context, off uint64, dest oncrpc.View) (int, bool, error) {
+		return f.c.nfs.Read(ctx, f.c.cred, f.fh, f.of.StateID, off, dest)
 	}
-	return total, nil
+	n, err := nfsclient.ReadRange(ctx, read, oncrpc.Plain(p), uint64(off), f.c.nfs.RSize(), readsInFlight)
+	if err != nil {
+		return n, pathErr("read", f.name, err)
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
 }
 
 // readAll reads the whole file from its start.

@@ -2,7 +2,9 @@ package nfs_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -103,6 +105,52 @@ func TestFileIO(t *testing.T) {
 		}
 		tr.Close()
 	})
+}
+
+// TestFileManyPieces reads with a 4 KiB rsize, so that one ReadAt is
+// hundreds of READs, several in flight (nfsclient.ReadRange): at an
+// unaligned offset, across the end of the file, and past it.
+func TestFileManyPieces(t *testing.T) {
+	for _, p := range peers {
+		t.Run(p.label(), func(t *testing.T) {
+			opts := p.opts
+			opts.RSize, opts.WSize = 4096, 4096
+			c := dialPeer(t, p, opts)
+			ctx := testCtx(t)
+			name := sanitize(fmt.Sprintf("nfstest-pieces-%s-%d-%d", p.label(), os.Getpid(), time.Now().UnixNano()))
+			want := make([]byte, 1<<20+123)
+			for i := range want {
+				want[i] = byte(i*13 + i>>12)
+			}
+			if err := c.WriteFile(ctx, name, want, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Remove(context.Background(), name) })
+			f, err := c.OpenFile(ctx, name, os.O_RDONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			for _, r := range []struct {
+				off, len, wantN int
+				wantErr         error
+			}{
+				{off: 1000, len: 512 << 10, wantN: 512 << 10},
+				{off: 0, len: len(want), wantN: len(want)},
+				{off: len(want) - 70000, len: 100000, wantN: 70000, wantErr: io.EOF},
+				{off: len(want) + 5, len: 9000, wantN: 0, wantErr: io.EOF},
+			} {
+				got := make([]byte, r.len)
+				n, err := f.ReadAt(got, int64(r.off))
+				if n != r.wantN || err != r.wantErr {
+					t.Fatalf("ReadAt(%d bytes at %d) = %d, %v; want %d, %v", r.len, r.off, n, err, r.wantN, r.wantErr)
+				}
+				if !bytes.Equal(got[:n], want[min(r.off, len(want)):min(r.off, len(want))+n]) {
+					t.Fatalf("ReadAt(%d bytes at %d): the data differs from what was written", r.len, r.off)
+				}
+			}
+		})
+	}
 }
 
 // TestNamespace covers the path operations and their errors.
