@@ -12,10 +12,15 @@ const (
 	FlavorSys  = 1
 )
 
-// Credential is an opaque_auth: a flavor and its encoded body.
+// Credential is an opaque_auth: a flavor and its encoded body; or, for
+// RPCSEC_GSS, the context a call is made under, whose credential and
+// verifier are written each time the call is sent.
 type Credential struct {
 	Flavor uint32
 	Body   []byte
+	// GSS is the RPCSEC_GSS context (GSSContext.Credential); Body is then
+	// unused.
+	GSS *GSSContext
 }
 
 // AuthNone is the AUTH_NONE credential.

@@ -1,6 +1,7 @@
 package oncrpc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -89,6 +90,13 @@ func (c *Client) StartCall(e *xdr.Encoder, proc uint32, cred Credential) uint32 
 func (c *Client) Do(ctx context.Context, call *Call) (*Reply, error) {
 	var lastErr error
 	start := time.Now()
+	var sent *gssSent
+	if call.GSS != nil {
+		sent = &gssSent{}
+	} else if gssPlaceholder(call.Head) {
+		return nil, errors.New("rpc: a call under an RPCSEC_GSS context without the context (Call.GSS)")
+	}
+	garbled := 0
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			if !c.opts.Hard && attempt > c.opts.Retrans && time.Since(start) >= c.opts.Timeout {
@@ -98,12 +106,21 @@ func (c *Client) Do(ctx context.Context, call *Call) (*Reply, error) {
 				c.opts.OnRetransmit(call.XID, attempt, lastErr)
 			}
 		}
-		rep, err := c.roundTrip(ctx, call)
+		rep, err := c.roundTrip(ctx, call, sent)
 		if err == nil {
 			return rep, nil
 		}
 		if ctx.Err() != nil {
 			return nil, err
+		}
+		if errors.Is(err, errGSSReply) {
+			// Dropped (RFC 2203 s5.3.3.2); sent again with a new
+			// sequence number, a bounded number of times.
+			if garbled++; garbled > gssReplyRetries {
+				return nil, err
+			}
+			lastErr = err
+			continue
 		}
 		if !errors.Is(err, ErrConnection) && !errors.Is(err, context.DeadlineExceeded) {
 			return nil, err
@@ -118,14 +135,26 @@ func (c *Client) Do(ctx context.Context, call *Call) (*Reply, error) {
 	}
 }
 
-func (c *Client) roundTrip(ctx context.Context, call *Call) (*Reply, error) {
+// roundTrip sends call once and checks its reply. sent is nil, or
+// records an RPCSEC_GSS call's transmissions (gsscall.go).
+func (c *Client) roundTrip(ctx context.Context, call *Call, sent *gssSent) (*Reply, error) {
 	tctx, cancel := context.WithTimeoutCause(ctx, c.opts.Timeout, ErrNoReply)
 	defer cancel()
-	rep, err := c.tr.RoundTrip(tctx, call)
+	wire := call
+	if call.GSS != nil {
+		var err error
+		if wire, err = call.GSS.seal(call, sent); err != nil {
+			return nil, err
+		}
+	}
+	rep, err := c.tr.RoundTrip(tctx, wire)
 	if err != nil {
 		return nil, err
 	}
-	xid, results, err := ParseReply(rep.Msg)
+	xid, verf, results, err := parseReply(rep.Msg)
+	if err == nil && call.GSS != nil && xid == call.XID {
+		results, err = call.GSS.open(verf, results, sent, cmp.Or(call.gssProc, gssData))
+	}
 	if err == nil && xid != call.XID {
 		err = fmt.Errorf("%w: XID %#x for call %#x", ErrBadReply, xid, call.XID)
 	}

@@ -139,6 +139,11 @@ func AppendCallHeader(e *xdr.Encoder, xid, prog, vers, proc uint32, cred Credent
 	e.Uint32(prog)
 	e.Uint32(vers)
 	e.Uint32(proc)
+	if cred.GSS != nil {
+		// A placeholder: Client.Do writes the header with the context's
+		// credential and verifier for each transmission (gsscall.go).
+		cred = GSSCred{Proc: gssData, Service: cred.GSS.service, Handle: cred.GSS.handle}.Credential()
+	}
 	cred.encode(e)
 	AuthNone.encode(e) // verifier: AUTH_NONE for AUTH_NONE and AUTH_SYS
 }
@@ -151,29 +156,36 @@ const maxAuthBody = 400
 // replies that are not SUCCESS, and an error wrapping ErrBadReply for a
 // message that is not a well-formed reply.
 func ParseReply(msg []byte) (xid uint32, results []byte, err error) {
+	xid, _, results, err = parseReply(msg)
+	return xid, results, err
+}
+
+// parseReply is ParseReply that also returns the reply's verifier (its
+// body aliases msg).
+func parseReply(msg []byte) (xid uint32, verf Credential, results []byte, err error) {
 	d := xdr.NewDecoder(msg)
 	xid = d.Uint32()
 	if mt := d.Uint32(); d.Err() == nil && mt != MsgReply {
-		return xid, nil, fmt.Errorf("%w: message type %d is not REPLY", ErrBadReply, mt)
+		return xid, verf, nil, fmt.Errorf("%w: message type %d is not REPLY", ErrBadReply, mt)
 	}
 	switch stat := d.Uint32(); {
 	case d.Err() != nil:
 	case stat == replyAccepted:
-		d.Uint32()            // verifier flavor
-		d.Opaque(maxAuthBody) // verifier body
+		verf.Flavor = d.Uint32()
+		verf.Body = d.Opaque(maxAuthBody)
 		as := AcceptStat(d.Uint32())
 		if d.Err() != nil {
 			break
 		}
 		if as == Success {
-			return xid, d.Rest(), nil
+			return xid, verf, d.Rest(), nil
 		}
 		ae := &AcceptError{Stat: as}
 		if as == ProgMismatch {
 			ae.Low, ae.High = d.Uint32(), d.Uint32()
 		}
 		if d.Err() == nil {
-			return xid, nil, ae
+			return xid, verf, nil, ae
 		}
 	case stat == replyDenied:
 		de := &DeniedError{}
@@ -187,12 +199,12 @@ func ParseReply(msg []byte) (xid uint32, results []byte, err error) {
 			d.SetErr(fmt.Errorf("reject_stat %d", rs))
 		}
 		if d.Err() == nil {
-			return xid, nil, de
+			return xid, verf, nil, de
 		}
 	default:
 		d.SetErr(fmt.Errorf("reply_stat %d", stat))
 	}
-	return xid, nil, fmt.Errorf("%w: %v", ErrBadReply, d.Err())
+	return xid, verf, nil, fmt.Errorf("%w: %v", ErrBadReply, d.Err())
 }
 
 // CallHeader is the decoded header of an incoming RPC call.

@@ -8,9 +8,6 @@ import (
 	"github.com/rdmafs/rdmafs/internal/xdr"
 )
 
-// FlavorGSS is RPCSEC_GSS (RFC 2203 s5, RFC 5531 s8.2).
-const FlavorGSS = 6
-
 // Reply codes of a denied reply (RFC 5531 s9: reject_stat, auth_stat).
 const (
 	rejectRPCMismatch = 0

@@ -27,6 +27,13 @@ type Call struct {
 	// other transports use the bytes.
 	ReplyBulk    View
 	MaxReplySize int // upper bound of the reply message size, excluding ReplyBulk data; 0 if unknown
+
+	// GSS is the RPCSEC_GSS context of a call whose Head starts with a
+	// header written by StartCall with the context's credential:
+	// Client.Do writes the header, and with integrity or privacy the
+	// arguments, again for each transmission (gsscall.go).
+	GSS     *GSSContext
+	gssProc uint32 // rpc_gss_proc_t: RPCSEC_GSS_DATA, or DESTROY
 }
 
 // Len returns the size of the call message as it is encoded over TCP.

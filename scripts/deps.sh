@@ -18,6 +18,7 @@ PKGS=(
   fio          # make bench-mount
   mount coreutils   # mount, mknod, cut in those tests' namespace scripts
   groff-base   # groff: cmd/rdmafs checks that the man page renders without warnings
+  krb5-kdc krb5-admin-server krb5-user   # the tests' Kerberos realm: krb5kdc, kdb5_util, kadmin.local, kinit, klist
 )
 
 say() { echo "deps: $*"; }
@@ -46,7 +47,8 @@ fi
 
 # The commands the tests run (they fail, not skip, when one is missing):
 # check that the packages above really provided them.
-TOOLS=(fusermount3 setpriv unshare flock mount mknod cut ganesha.nfsd qemu-system-x86_64 busybox python3 fio groff)
+TOOLS=(fusermount3 setpriv unshare flock mount mknod cut ganesha.nfsd qemu-system-x86_64 busybox python3 fio groff
+  krb5kdc kdb5_util kadmin.local kinit klist)
 absent=()
 for c in "${TOOLS[@]}"; do
   command -v "$c" >/dev/null || [ -x "/usr/sbin/$c" ] || [ -x "/sbin/$c" ] || absent+=("$c")

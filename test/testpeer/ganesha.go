@@ -26,6 +26,7 @@ type Ganesha struct {
 	RunDir string
 
 	bin, conf, logFile, outFile string
+	env                         []string // added to ganesha.nfsd's environment
 
 	mu sync.Mutex // guards cmd, exited and ready, replaced by Restart
 	// ready is when the running process first answered: its epoch (its
@@ -59,8 +60,7 @@ const ganeshaConf = `NFS_CORE_PARAM {
 	Enable_UDP = false;
 }
 NFS_KRB5 {
-	Active_krb5 = false;
-}
+%s}
 NFSV4 {
 	Minor_Versions = %s;
 	Graceless = %v;
@@ -77,7 +77,7 @@ EXPORT {
 	Transports = TCP;
 	Access_Type = RW;
 	Squash = No_Root_Squash;
-	SecType = sys;
+	SecType = %s;
 	FSAL {
 		Name = VFS;
 	}
@@ -101,6 +101,28 @@ type GaneshaOptions struct {
 	// MinorVersions is Minor_Versions, the NFSv4 minor versions served;
 	// empty means "1, 2". "1" makes a server that refuses NFSv4.2.
 	MinorVersions string
+	// Krb5, if set, serves RPCSEC_GSS with Kerberos V5.
+	Krb5 *GaneshaKrb5
+}
+
+// GaneshaKrb5 is how a ganesha serves Kerberos (NFS_KRB5, SecType).
+type GaneshaKrb5 struct {
+	// Keytab holds the keys of nfs/localhost (KDC.AddService).
+	Keytab string
+	// Env is the realm's environment (KDC.Env).
+	Env []string
+	// SecType is the export's flavors, "krb5, krb5i, krb5p"; empty
+	// means those three.
+	SecType string
+}
+
+// confKrb5 returns the NFS_KRB5 block's body and the export's SecType.
+func (o GaneshaOptions) confKrb5() (block, secType string) {
+	if o.Krb5 == nil {
+		return "\tActive_krb5 = false;\n", "sys"
+	}
+	return fmt.Sprintf("\tActive_krb5 = true;\n\tPrincipalName = nfs;\n\tKeytabPath = %q;\n", o.Krb5.Keytab),
+		cmp.Or(o.Krb5.SecType, "krb5, krb5i, krb5p")
 }
 
 // StartGanesha runs ganesha.nfsd in the foreground on a free loopback port,
@@ -171,6 +193,9 @@ func startGaneshaOnce(ctx context.Context, bin string, opts GaneshaOptions) (g *
 		logFile: filepath.Join(runDir, "ganesha.log"),
 		outFile: filepath.Join(runDir, "stdout.log"),
 	}
+	if opts.Krb5 != nil {
+		g.env = opts.Krb5.Env
+	}
 	recovery := filepath.Join(runDir, "recovery")
 	conf, logFile, outFile := g.conf, g.logFile, g.outFile
 	setup := func() error {
@@ -179,7 +204,8 @@ func startGaneshaOnce(ctx context.Context, bin string, opts GaneshaOptions) (g *
 				return err
 			}
 		}
-		return os.WriteFile(conf, fmt.Appendf(nil, ganeshaConf, ports[0], cmp.Or(opts.MinorVersions, "1, 2"), !opts.Grace, opts.Lease, opts.GracePeriod, recovery, g.Dir), 0o644)
+		krb5Block, secType := opts.confKrb5()
+		return os.WriteFile(conf, fmt.Appendf(nil, ganeshaConf, ports[0], krb5Block, cmp.Or(opts.MinorVersions, "1, 2"), !opts.Grace, opts.Lease, opts.GracePeriod, recovery, g.Dir, secType), 0o644)
 	}
 	if err := setup(); err != nil {
 		os.RemoveAll(runDir)
@@ -217,6 +243,9 @@ func (g *Ganesha) launch() error {
 	defer out.Close()
 	cmd := exec.Command(g.bin, "-F", "-f", g.conf, "-L", g.logFile, "-p", filepath.Join(g.RunDir, "ganesha.pid"))
 	cmd.Dir = g.RunDir
+	if g.env != nil {
+		cmd.Env = append(os.Environ(), g.env...)
+	}
 	cmd.Stdout = out
 	cmd.Stderr = out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,6 +29,12 @@ var shared struct {
 	ganeshaOnce sync.Once
 	ganesha     *Ganesha
 	ganeshaErr  error
+	kdcOnce     sync.Once
+	kdc         *KDC
+	kdcErr      error
+	krbOnce     sync.Once
+	krb         *Kerberos
+	krbErr      error
 
 	mu       sync.Mutex
 	stopping bool
@@ -95,6 +102,71 @@ func sharedKnfsd() (k *Knfsd, died string, err error) {
 		shared.knfsd, shared.knfsdErr = k, err
 	}
 	return shared.knfsd, died, shared.knfsdErr
+}
+
+// RequireKDC returns the Kerberos KDC shared by all tests of this test
+// binary, starting it on first use. It skips the test in -short mode and
+// fails it if the KDC cannot be started.
+func RequireKDC(t testing.TB) *KDC {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs an MIT Kerberos KDC (krb5kdc); skipped in -short mode")
+	}
+	shared.kdcOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		k, err := StartKDC(ctx)
+		if err == nil && !register(k.Stop) {
+			_ = k.Stop()
+			k, err = nil, errors.New("testpeer: stopping")
+		}
+		shared.kdc, shared.kdcErr = k, err
+	})
+	if shared.kdcErr != nil {
+		t.Fatalf("integration test: cannot start the KDC: %v", shared.kdcErr)
+	}
+	return shared.kdc
+}
+
+// Kerberos is the realm the Kerberos tests of a test binary share: the
+// KDC, the keytab of the NFS service nfs/localhost, and a ganesha that
+// serves the export with krb5, krb5i and krb5p under that keytab.
+type Kerberos struct {
+	KDC     *KDC
+	Keytab  string
+	Ganesha *Ganesha
+}
+
+// RequireKerberos returns the shared Kerberos realm and its ganesha,
+// starting them on first use.
+func RequireKerberos(t testing.TB) *Kerberos {
+	t.Helper()
+	kdc := RequireKDC(t)
+	shared.krbOnce.Do(func() {
+		shared.krb, shared.krbErr = startKerberos(kdc)
+	})
+	if shared.krbErr != nil {
+		t.Fatalf("integration test: cannot start the Kerberos ganesha: %v", shared.krbErr)
+	}
+	return shared.krb
+}
+
+func startKerberos(kdc *KDC) (*Kerberos, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	keytab := filepath.Join(kdc.RunDir, "nfs.keytab")
+	if err := kdc.AddService(ctx, "nfs/localhost", keytab); err != nil {
+		return nil, err
+	}
+	g, err := StartGaneshaWith(ctx, GaneshaOptions{Krb5: &GaneshaKrb5{Keytab: keytab, Env: kdc.Env()}})
+	if err != nil {
+		return nil, err
+	}
+	if !register(g.Stop) {
+		_ = g.Stop()
+		return nil, errors.New("testpeer: stopping")
+	}
+	return &Kerberos{KDC: kdc, Keytab: keytab, Ganesha: g}, nil
 }
 
 // RequireGanesha returns the NFS-Ganesha server shared by all tests of this

@@ -209,3 +209,37 @@ func TestKnfsdDiedReplaced(t *testing.T) {
 		t.Errorf("a live guest was replaced or reported: %q", rec.errs)
 	}
 }
+
+// TestKDC gets a user a ticket from the harness's KDC with kinit, as the
+// user would, and checks klist shows it for the realm; a wrong password
+// is refused.
+func TestKDC(t *testing.T) {
+	k := RequireKDC(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := k.AddPrincipal(ctx, "kdctest", "secret-1"); err != nil {
+		t.Fatal(err)
+	}
+	ccache := filepath.Join(t.TempDir(), "krb5cc")
+	if err := k.Kinit(ctx, "kdctest", "wrong", ccache, 0); err == nil {
+		t.Fatal("kinit with a wrong password worked")
+	}
+	if err := k.Kinit(ctx, "kdctest", "secret-1", ccache, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	out, err := k.run(ctx, "klist", "-c", "FILE:"+ccache)
+	if err != nil || !strings.Contains(out, "kdctest@"+KDCRealm) || !strings.Contains(out, "krbtgt/"+KDCRealm+"@"+KDCRealm) {
+		t.Fatalf("klist: %v\n%s", err, out)
+	}
+	keytab := filepath.Join(t.TempDir(), "keytab")
+	if err := k.AddService(ctx, "nfs/kdctest.localhost", keytab); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.AddService(ctx, "nfs/kdctest.localhost", keytab); err == nil {
+		t.Error("adding a principal twice worked")
+	}
+	out, err = k.run(ctx, "klist", "-k", keytab)
+	if err != nil || !strings.Contains(out, "nfs/kdctest.localhost@"+KDCRealm) {
+		t.Fatalf("klist -k: %v\n%s", err, out)
+	}
+}
