@@ -129,8 +129,8 @@ func startKDCOnce(ctx context.Context) (*KDC, error) {
 		return nil, fmt.Errorf("testpeer: kdc (run directory %s kept): %w\n%s", runDir, err, k.LogTail())
 	}
 	for name, text := range map[string]string{
-		k.Config:                            fmt.Sprintf(krb5Conf, ports[0], k.Realm, runDir),
-		k.KDCProfile:                        fmt.Sprintf(kdcConf, ports[0], k.Realm, runDir),
+		k.Config:                           fmt.Sprintf(krb5Conf, ports[0], k.Realm, runDir),
+		k.KDCProfile:                       fmt.Sprintf(kdcConf, ports[0], k.Realm, runDir),
 		filepath.Join(runDir, "kadm5.acl"): "",
 	} {
 		if err := os.WriteFile(name, []byte(text), 0o600); err != nil {
