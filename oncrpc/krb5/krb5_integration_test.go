@@ -51,6 +51,25 @@ func requireRealm(t *testing.T) *realm {
 	return &realm{kdc: k.KDC, ganesha: k.Ganesha, ccache: alice.ccache}
 }
 
+// dial connects to the realm's ganesha through a recorder and creates a
+// context for alice with service svc; the connection closes with the
+// test.
+func (r *realm) dial(ctx context.Context, t *testing.T, svc oncrpc.GSSService) (*recorder, *oncrpc.Client, *oncrpc.GSSContext) {
+	t.Helper()
+	cl, err := krb5.ClientFromCCache(r.ccache, r.kdc.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{Transport: oncrpc.NewTCPTransport(r.ganesha.Addr, oncrpc.TCPOptions{})}
+	t.Cleanup(func() { rec.Close() })
+	c := oncrpc.NewClient(rec, 100003, 4, oncrpc.ClientOptions{Timeout: 10 * time.Second})
+	g, err := oncrpc.EstablishGSS(ctx, c, krb5.NewInitiator(cl, "nfs/localhost"), svc)
+	if err != nil {
+		t.Fatalf("context: %v", err)
+	}
+	return rec, c, g
+}
+
 // recorder is a transport that keeps a copy of what goes on the wire and
 // can flip a byte of the next replies: the fault a man in the middle
 // causes, which no real server produces on demand.
@@ -112,17 +131,7 @@ func TestGSSGanesha(t *testing.T) {
 		t.Run(svc.String(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			cl, err := krb5.ClientFromCCache(r.ccache, r.kdc.Config)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec := &recorder{Transport: oncrpc.NewTCPTransport(r.ganesha.Addr, oncrpc.TCPOptions{})}
-			defer rec.Close()
-			c := oncrpc.NewClient(rec, 100003, 4, oncrpc.ClientOptions{Timeout: 10 * time.Second})
-			g, err := oncrpc.EstablishGSS(ctx, c, krb5.NewInitiator(cl, "nfs/localhost"), svc)
-			if err != nil {
-				t.Fatalf("context: %v", err)
-			}
+			rec, c, g := r.dial(ctx, t, svc)
 			marker := "rdmafs-marker-" + svc.String()
 			for range 3 {
 				status, tag, err := compound(ctx, c, g.Credential(), marker)
@@ -186,17 +195,7 @@ func TestGSSReplyTampered(t *testing.T) {
 		t.Run(svc.String(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			cl, err := krb5.ClientFromCCache(r.ccache, r.kdc.Config)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec := &recorder{Transport: oncrpc.NewTCPTransport(r.ganesha.Addr, oncrpc.TCPOptions{})}
-			defer rec.Close()
-			c := oncrpc.NewClient(rec, 100003, 4, oncrpc.ClientOptions{Timeout: 10 * time.Second})
-			g, err := oncrpc.EstablishGSS(ctx, c, krb5.NewInitiator(cl, "nfs/localhost"), svc)
-			if err != nil {
-				t.Fatalf("context: %v", err)
-			}
+			rec, c, g := r.dial(ctx, t, svc)
 			before := len(rec.sent)
 			rec.corrupt.Store(2)
 			status, tag, err := compound(ctx, c, g.Credential(), "tampered")
