@@ -16,8 +16,9 @@ import (
 // and exposing or returning it needs no search of the slab.
 //
 // The life of a Buffer: Get or GetWait lends it; while a call is in flight the
-// transport exposes parts of it to the peer (Expose) and invalidates
-// them before the call returns; Release gives it back to the pool. The
+// transport exposes parts of it to the peer (Expose and the
+// registration's work requests) and invalidates them before the call
+// returns; Release gives it back to the pool. The
 // holder must not use Bytes after Release.
 type Buffer struct {
 	pool *Pool
@@ -73,9 +74,10 @@ func (b *Buffer) Release() error {
 	return b.pool.putLocked(b.ci, b.off)
 }
 
-// Expose binds a fast-registration region to exactly the n bytes at off
-// in the buffer, with the given access, under a new key (RFC 8166 s8.1);
-// as Pool.Expose. The exposure is named by its offset in the buffer and
+// Expose prepares the exposure of exactly the n bytes at off in the
+// buffer to the peer, with the given access, under a new key (RFC 8166
+// s8.1): the registration's FastRegisterWR binds it once posted (see
+// Registration). The exposure is named by its offset in the buffer and
 // checked against the buffer's length: nothing outside it can be offered.
 func (b *Buffer) Expose(off, n int, access verbs.Access) (*Registration, error) {
 	b.mu.Lock()

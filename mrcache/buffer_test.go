@@ -1,7 +1,9 @@
-package mrcache
+package mrcache_test
 
 import (
 	"errors"
+	"github.com/rdmafs/rdmafs/mrcache"
+	"github.com/rdmafs/rdmafs/mrcache/mrcachetest"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/verbs"
@@ -13,20 +15,20 @@ import (
 // neither exposed nor released again, and its memory is free.
 func TestBufferLifetime(t *testing.T) {
 	pd := iwarp.NewProtectionDomain()
-	p := New(pd, ChunkSize)
-	b, err := p.Get(3 * MinBlock)
+	p := mrcache.New(pd, mrcache.ChunkSize)
+	b, err := p.Get(3 * mrcache.MinBlock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Pool() != p || len(b.Bytes()) != 3*MinBlock {
-		t.Fatalf("Get(%d): %d bytes", 3*MinBlock, len(b.Bytes()))
+	if b.Pool() != p || len(b.Bytes()) != 3*mrcache.MinBlock {
+		t.Fatalf("Get(%d): %d bytes", 3*mrcache.MinBlock, len(b.Bytes()))
 	}
-	if st := p.Stats(); st.BytesInUse != 4*MinBlock {
-		t.Fatalf("in use after Get: %d bytes, want a %d-byte block", st.BytesInUse, 4*MinBlock)
+	if st := p.Stats(); st.BytesInUse != 4*mrcache.MinBlock {
+		t.Fatalf("in use after Get: %d bytes, want a %d-byte block", st.BytesInUse, 4*mrcache.MinBlock)
 	}
 	mem := b.Bytes()
 	mem[100] = 0x5a
-	reg, err := b.Expose(100, 1000, verbs.AccessRemoteRead)
+	reg, err := mrcachetest.Expose(b, 100, 1000, verbs.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +39,7 @@ func TestBufferLifetime(t *testing.T) {
 	if _, err := iwarp.TableOf(pd).Resolve(reg.STag, verbs.AccessRemoteRead, reg.Offset, 1001); !errors.Is(err, verbs.ErrBounds) {
 		t.Fatalf("a byte past the exposure: %v", err)
 	}
-	if err := reg.Invalidate(t.Context()); err != nil {
+	if err := mrcachetest.Invalidate(t.Context(), reg); err != nil {
 		t.Fatal(err)
 	}
 
@@ -48,14 +50,14 @@ func TestBufferLifetime(t *testing.T) {
 		"past the end": {len(mem) - 10, 11},
 		"after":        {len(mem), 1},
 	} {
-		if _, err := b.Expose(at[0], at[1], verbs.AccessRemoteRead); !errors.Is(err, ErrNotRegistered) {
-			t.Errorf("Expose %s the buffer: %v, want ErrNotRegistered", name, err)
+		if _, err := mrcachetest.Expose(b, at[0], at[1], verbs.AccessRemoteRead); !errors.Is(err, mrcache.ErrNotRegistered) {
+			t.Errorf("Expose %s the buffer: %v, want mrcache.ErrNotRegistered", name, err)
 		}
 	}
-	if _, err := b.Expose(0, 0, verbs.AccessRemoteRead); err == nil {
+	if _, err := mrcachetest.Expose(b, 0, 0, verbs.AccessRemoteRead); err == nil {
 		t.Error("Expose of nothing succeeded")
 	}
-	other, err := p.Get(MinBlock)
+	other, err := p.Get(mrcache.MinBlock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,10 +68,10 @@ func TestBufferLifetime(t *testing.T) {
 	if b.Bytes() != nil {
 		t.Error("Bytes after Release")
 	}
-	if _, err := b.Expose(0, 10, verbs.AccessRemoteRead); !errors.Is(err, ErrNotRegistered) {
+	if _, err := mrcachetest.Expose(b, 0, 10, verbs.AccessRemoteRead); !errors.Is(err, mrcache.ErrNotRegistered) {
 		t.Errorf("Expose after Release: %v", err)
 	}
-	if err := b.Release(); !errors.Is(err, ErrNotRegistered) {
+	if err := b.Release(); !errors.Is(err, mrcache.ErrNotRegistered) {
 		t.Errorf("second Release: %v", err)
 	}
 	if err := p.Put(other); err != nil {
@@ -83,24 +85,24 @@ func TestBufferLifetime(t *testing.T) {
 // TestGetIsTheUpperShare: Get draws on the upper layer's share of the
 // budget and fails without waiting when it is used up.
 func TestGetIsTheUpperShare(t *testing.T) {
-	p := New(iwarp.NewProtectionDomain(), ChunkSize)
-	var held []*Buffer
-	for range upperShareNum {
-		b, err := p.Get(ChunkSize / upperShareDen)
+	p := mrcache.New(iwarp.NewProtectionDomain(), mrcache.ChunkSize)
+	var held []*mrcache.Buffer
+	for range mrcache.UpperShareNum {
+		b, err := p.Get(mrcache.ChunkSize / mrcache.UpperShareDen)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, b)
 	}
-	if _, err := p.Get(MinBlock); !errors.Is(err, ErrNoMemory) {
-		t.Fatalf("Get beyond the upper share: %v, want ErrNoMemory", err)
+	if _, err := p.Get(mrcache.MinBlock); !errors.Is(err, mrcache.ErrNoMemory) {
+		t.Fatalf("Get beyond the upper share: %v, want mrcache.ErrNoMemory", err)
 	}
 	for _, b := range held {
 		if err := b.Release(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := p.Get(MinBlock); err != nil {
+	if _, err := p.Get(mrcache.MinBlock); err != nil {
 		t.Fatalf("Get after the releases: %v", err)
 	}
 }

@@ -31,9 +31,15 @@
 //	pool := mrcache.New(pd, 64<<20)
 //	buf, _ := pool.Get(1 << 20) // lent slab memory, or ErrNoMemory
 //	reg, _ := buf.Expose(0, 4096, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+//	qp.PostSend(reg.FastRegisterWR(1)) // ahead of the Send that offers it
+//	reg.Posted()
 //	// advertise reg.STag, reg.Offset, reg.Len in a Write chunk; after the reply:
-//	reg.Invalidate(ctx)
+//	qp.PostSend(reg.LocalInvalidateWR(2)) // poll its completion, then
+//	reg.Invalidated()
 //	pool.Put(buf)
+//
+// The pool posts nothing itself: the transport posts the registration work
+// requests on its queue pair and reaps their completions with its own.
 //
 // The transport's own buffers (receives, sends, Reply chunks, bounce
 // buffers) come from GetWait, are posted by their handle (Buffer.SGE)
@@ -402,140 +408,6 @@ func (p *Pool) putLocked(ci int, off uint64) error {
 	p.wakeLocked()
 	p.maybeUnmapLocked()
 	return nil
-}
-
-// Registration is one exposure of slab memory to the peer: the STag,
-// offset and length to advertise in a chunk segment. It must be ended
-// with Invalidate.
-//
-// A Registration is reused by later exposures once invalidated: the
-// caller drops it after Invalidate.
-type Registration struct {
-	pool   *Pool
-	mr     *verbs.MemoryRegion
-	target *chunk // the chunk the region was bound in last (nil: never bound)
-	live   bool
-	STag   uint32
-	Offset uint64 // the advertised offset of the first byte (0, or its address with a hardware provider)
-	Len    int
-}
-
-// exposeAt binds a fast-registration region to n bytes at off in chunk
-// ci, which holds allocated memory (so stays put).
-func (p *Pool) exposeAt(ci int, off uint64, n int, access verbs.Access) (*Registration, error) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", n, ErrClosed)
-	}
-	c := p.chunks[ci]
-	target := c.mr
-	var r *Registration
-	if k := len(p.idleFR); k > 0 {
-		r, p.idleFR = p.idleFR[k-1], p.idleFR[:k-1]
-	}
-	p.mu.Unlock()
-	reused := r != nil
-	if !reused {
-		mr, err := p.pd.AllocFastReg()
-		if err != nil {
-			return nil, fmt.Errorf("mrcache: expose: %w", err)
-		}
-		r = &Registration{pool: p, mr: mr}
-	}
-	if access&verbs.AccessRemoteWrite != 0 && !p.pd.CountsPlacement() {
-		// RFC 8166 s3.4.6 makes only the bytes the peer wrote data,
-		// which a provider that does not count placement (rdma-core:
-		// the device places unseen) cannot tell; the transport then
-		// takes the peer's claim, so what it claims but did not write
-		// must read as zeros, never as earlier contents of the memory
-		// (another call's data, another file's). CONFORMANCE.md, "What
-		// the client can verify".
-		clear(c.mem[off : off+uint64(n)])
-	}
-	stag, err := r.mr.FastRegister(target, off, n, access)
-	if err != nil {
-		p.mu.Lock()
-		p.deregisterLocked(r)
-		if reused {
-			p.stats.FastRegions--
-		}
-		p.mu.Unlock()
-		return nil, fmt.Errorf("mrcache: expose %d bytes: %w", n, err)
-	}
-	r.target = c
-	p.mu.Lock()
-	p.stats.Exposures++
-	if reused {
-		p.stats.ExposureReuses++
-	} else {
-		p.stats.FastRegions++
-	}
-	p.stats.LiveExposures++
-	p.mu.Unlock()
-	r.STag, r.Offset, r.Len, r.live = stag, r.mr.RemoteAddr(), n, true
-	return r, nil
-}
-
-// ReserveFastRegions allocates fast-registration regions ahead of use, as
-// xprtrdma creates its MRs when it connects, so calls bind and invalidate
-// regions that already exist instead of allocating one while in flight.
-func (p *Pool) ReserveFastRegions(n int) error {
-	for range n {
-		mr, err := p.pd.AllocFastReg()
-		if err != nil {
-			return fmt.Errorf("mrcache: reserve fast-registration regions: %w", err)
-		}
-		p.mu.Lock()
-		p.idleFR = append(p.idleFR, &Registration{pool: p, mr: mr})
-		p.stats.FastRegions++
-		p.mu.Unlock()
-	}
-	return nil
-}
-
-// MR returns the fast-registration region (for an RDMA Read sink).
-func (r *Registration) MR() *verbs.MemoryRegion { return r.mr }
-
-// Invalidate ends the exposure: the STag stops working (it may already
-// have been invalidated remotely by Send With Invalidate) and Invalidate
-// waits until a placement already in progress has ended. If ctx ends
-// first, the STag is dead but a placement is still running: the error
-// says so, the registration stays in use, and the caller must close the
-// connection and call Invalidate again before reusing the memory.
-func (r *Registration) Invalidate(ctx context.Context) error {
-	_, _, err := r.InvalidatePlaced(ctx)
-	return err
-}
-
-// InvalidatePlaced is Invalidate that also returns how many bytes from the
-// start of the exposed buffer the peer wrote, without a gap, during the
-// exposure, as the provider saw them land (verbs.MemoryRegion.Placed),
-// counted when no placement can run any more and before the region is
-// reused. ok is false with a hardware provider, which does not report
-// placements. A responder whose Write chunk claims more than was placed
-// left stale bytes in the buffer (RFC 8166 s3.4.6).
-func (r *Registration) InvalidatePlaced(ctx context.Context) (placed int, ok bool, err error) {
-	if r == nil || !r.live {
-		return 0, false, nil
-	}
-	if err := r.mr.InvalidateContext(ctx); err != nil {
-		return 0, false, fmt.Errorf("mrcache: invalidate STag %#08x: %w", r.STag, err)
-	}
-	n, ok := r.mr.Placed()
-	r.live = false
-	p := r.pool
-	p.mu.Lock()
-	p.stats.LiveExposures--
-	if p.closed {
-		p.stats.FastRegions--
-		p.deregisterLocked(r)
-		p.mu.Unlock()
-	} else {
-		p.idleFR = append(p.idleFR, r)
-		p.mu.Unlock()
-	}
-	return int(n), ok, nil
 }
 
 // Stats returns the pool's counters.

@@ -1,8 +1,10 @@
-package mrcache
+package mrcache_test
 
 import (
 	"context"
 	"errors"
+	"github.com/rdmafs/rdmafs/mrcache"
+	"github.com/rdmafs/rdmafs/mrcache/mrcachetest"
 	"sync"
 	"testing"
 	"time"
@@ -13,11 +15,11 @@ import (
 
 func TestGetPutCoalesce(t *testing.T) {
 	pd := iwarp.NewProtectionDomain()
-	p := New(pd, ChunkSize)
-	var bufs []*Buffer
+	p := mrcache.New(pd, mrcache.ChunkSize)
+	var bufs []*mrcache.Buffer
 	// Fill the chunk with 4 KiB blocks, then free them all: the buddies
 	// coalesce back into one chunk-sized block.
-	for range blocksPerChunk * upperShareNum / upperShareDen {
+	for range mrcache.BlocksPerChunk * mrcache.UpperShareNum / mrcache.UpperShareDen {
 		b, err := p.Get(1)
 		if err != nil {
 			t.Fatal(err)
@@ -27,11 +29,11 @@ func TestGetPutCoalesce(t *testing.T) {
 		}
 		bufs = append(bufs, b)
 	}
-	if _, err := p.Get(1); !errors.Is(err, ErrNoMemory) {
+	if _, err := p.Get(1); !errors.Is(err, mrcache.ErrNoMemory) {
 		t.Fatalf("Get past the upper share: %v", err)
 	}
 	// The rest of the budget is there for call buffers.
-	cb, err := p.GetWait(context.Background(), MinBlock)
+	cb, err := p.GetWait(context.Background(), mrcache.MinBlock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +46,7 @@ func TestGetPutCoalesce(t *testing.T) {
 	if s := p.Stats(); s.BytesInUse != 0 || s.Chunks != 1 {
 		t.Fatalf("after freeing everything: %+v", s)
 	}
-	big, err := p.GetWait(context.Background(), ChunkSize)
+	big, err := p.GetWait(context.Background(), mrcache.ChunkSize)
 	if err != nil {
 		t.Fatalf("whole chunk after coalescing: %v", err)
 	}
@@ -54,20 +56,20 @@ func TestGetPutCoalesce(t *testing.T) {
 }
 
 func TestPutRejectsForeignMemory(t *testing.T) {
-	p := New(iwarp.NewProtectionDomain(), 0)
+	p := mrcache.New(iwarp.NewProtectionDomain(), 0)
 	b, err := p.Get(8192)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := New(iwarp.NewProtectionDomain(), 0)
+	other := mrcache.New(iwarp.NewProtectionDomain(), 0)
 	foreign, err := other.Get(8192)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Put(foreign); !errors.Is(err, ErrNotRegistered) {
+	if err := p.Put(foreign); !errors.Is(err, mrcache.ErrNotRegistered) {
 		t.Fatalf("Put of another pool's buffer: %v", err)
 	}
-	if err := p.Put(nil); !errors.Is(err, ErrNotRegistered) {
+	if err := p.Put(nil); !errors.Is(err, mrcache.ErrNotRegistered) {
 		t.Fatalf("Put of nil: %v", err)
 	}
 	if err := other.Put(foreign); err != nil {
@@ -76,17 +78,17 @@ func TestPutRejectsForeignMemory(t *testing.T) {
 	if err := p.Put(b); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Put(b); !errors.Is(err, ErrNotRegistered) {
+	if err := p.Put(b); !errors.Is(err, mrcache.ErrNotRegistered) {
 		t.Fatalf("double Put: %v", err)
 	}
-	if _, err := p.Get(ChunkSize + 1); err == nil {
+	if _, err := p.Get(mrcache.ChunkSize + 1); err == nil {
 		t.Fatal("Get larger than a chunk succeeded")
 	}
 }
 
 func TestGetWaitBlocksUntilPut(t *testing.T) {
-	p := New(iwarp.NewProtectionDomain(), ChunkSize)
-	all, err := p.GetWait(context.Background(), ChunkSize)
+	p := mrcache.New(iwarp.NewProtectionDomain(), mrcache.ChunkSize)
+	all, err := p.GetWait(context.Background(), mrcache.ChunkSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,13 +118,13 @@ func TestGetWaitBlocksUntilPut(t *testing.T) {
 // invalidated; the slab chunk itself grants no remote access.
 func TestExposeExactly(t *testing.T) {
 	pd := iwarp.NewProtectionDomain()
-	p := New(pd, 0)
+	p := mrcache.New(pd, 0)
 	buf, err := p.Get(64 << 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	win := buf.Bytes()[4096 : 4096+1000]
-	reg, err := buf.Expose(4096, 1000, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+	reg, err := mrcachetest.Expose(buf, 4096, 1000, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +147,7 @@ func TestExposeExactly(t *testing.T) {
 		t.Fatalf("%d regions with remote access, want 1 (the slab chunk grants none)", pd.LiveRemoteRegions())
 	}
 	stag := reg.STag
-	if err := reg.Invalidate(context.Background()); err != nil {
+	if err := mrcachetest.Invalidate(context.Background(), reg); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := iwarp.TableOf(pd).Resolve(stag, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
@@ -153,7 +155,7 @@ func TestExposeExactly(t *testing.T) {
 	}
 	// The next exposure reuses the region under a new key: the old STag
 	// stays dead.
-	reg2, err := buf.Expose(0, 10, verbs.AccessRemoteRead)
+	reg2, err := mrcachetest.Expose(buf, 0, 10, verbs.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +168,8 @@ func TestExposeExactly(t *testing.T) {
 	if s := p.Stats(); s.Exposures != 2 || s.ExposureReuses != 1 || s.FastRegions != 1 || s.LiveExposures != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	reg2.Invalidate(context.Background())
-	if _, err := buf.Expose(64<<10-9, 10, verbs.AccessRemoteRead); !errors.Is(err, ErrNotRegistered) {
+	mrcachetest.Invalidate(context.Background(), reg2)
+	if _, err := mrcachetest.Expose(buf, 64<<10-9, 10, verbs.AccessRemoteRead); !errors.Is(err, mrcache.ErrNotRegistered) {
 		t.Fatalf("exposing past the buffer: %v", err)
 	}
 }
@@ -176,9 +178,9 @@ func TestExposeExactly(t *testing.T) {
 // the provider is still placing data into the exposed bytes.
 func TestInvalidateWaitsForPlacement(t *testing.T) {
 	pd := iwarp.NewProtectionDomain()
-	p := New(pd, 0)
+	p := mrcache.New(pd, 0)
 	buf, _ := p.Get(4096)
-	reg, err := buf.Expose(0, 4096, verbs.AccessRemoteWrite)
+	reg, err := mrcachetest.Expose(buf, 0, 4096, verbs.AccessRemoteWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,14 +190,14 @@ func TestInvalidateWaitsForPlacement(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if err := reg.Invalidate(short); !errors.Is(err, context.DeadlineExceeded) {
+	if err := mrcachetest.Invalidate(short, reg); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("invalidate during a placement: %v", err)
 	}
 	if _, _, err := iwarp.TableOf(pd).Begin(reg.STag, verbs.AccessRemoteWrite, 0, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
 		t.Fatalf("a new placement after the invalidation started: %v", err)
 	}
 	mr.End() // the placement ends (as when the queue pair is closed)
-	if err := reg.Invalidate(context.Background()); err != nil {
+	if err := mrcachetest.Invalidate(context.Background(), reg); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -206,7 +208,7 @@ func TestInvalidateWaitsForPlacement(t *testing.T) {
 // and given back.
 func BenchmarkFuseReadPath(b *testing.B) {
 	pd := iwarp.NewProtectionDomain()
-	p := New(pd, 0)
+	p := mrcache.New(pd, 0)
 	defer p.Close()
 	sizes := []int{4 << 10, 128 << 10, 1 << 20, 300 << 10}
 	const rsize = 124 << 10
@@ -224,12 +226,12 @@ func BenchmarkFuseReadPath(b *testing.B) {
 			wg.Add(1)
 			go func(off int) {
 				defer wg.Done()
-				reg, err := buf.Expose(off, min(n, off+rsize)-off, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+				reg, err := mrcachetest.Expose(buf, off, min(n, off+rsize)-off, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 				if err != nil {
 					b.Error(err)
 					return
 				}
-				reg.Invalidate(context.Background())
+				mrcachetest.Invalidate(context.Background(), reg)
 			}(off)
 		}
 		wg.Wait()
@@ -245,7 +247,7 @@ func BenchmarkFuseReadPath(b *testing.B) {
 // and giving it back allocates its handle only, and nothing when the
 // handle is recycled.
 func TestExposeAllocationFree(t *testing.T) {
-	p := New(iwarp.NewProtectionDomain(), 0)
+	p := mrcache.New(iwarp.NewProtectionDomain(), 0)
 	if err := p.ReserveFastRegions(1); err != nil {
 		t.Fatal(err)
 	}
@@ -255,11 +257,11 @@ func TestExposeAllocationFree(t *testing.T) {
 		t.Fatal(err)
 	}
 	expose := func() {
-		reg, err := b.Expose(0, 128<<10, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		reg, err := mrcachetest.Expose(b, 0, 128<<10, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := reg.Invalidate(ctx); err != nil {
+		if err := mrcachetest.Invalidate(ctx, reg); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,9 +1,11 @@
-package mrcache
+package mrcache_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/rdmafs/rdmafs/mrcache"
+	"github.com/rdmafs/rdmafs/mrcache/mrcachetest"
 	"testing"
 	"time"
 
@@ -79,7 +81,7 @@ func peerOp(t *testing.T, peer *iwarp.QP, op verbs.Opcode, stag uint32, off uint
 // connection (RFC 5040 s7), and no slab byte outside the window changes.
 func TestExposedWindowOverWire(t *testing.T) {
 	pd := iwarp.NewProtectionDomain()
-	p := New(pd, 0)
+	p := mrcache.New(pd, 0)
 	defer p.Close()
 	if err := p.ReserveFastRegions(1); err != nil {
 		t.Fatal(err)
@@ -95,9 +97,9 @@ func TestExposedWindowOverWire(t *testing.T) {
 		buf[i] = guard
 	}
 	rw := verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessLocalWrite
-	expose := func(lo, hi int) *Registration {
+	expose := func(lo, hi int) *mrcache.Registration {
 		t.Helper()
-		r, err := lent.Expose(lo, hi-lo, rw)
+		r, err := mrcachetest.Expose(lent, lo, hi-lo, rw)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +125,7 @@ func TestExposedWindowOverWire(t *testing.T) {
 		t.Fatalf("read of the window: %v", st)
 	}
 	stale := reg.STag
-	placed, ok, err := reg.InvalidatePlaced(context.Background())
+	placed, ok, err := mrcachetest.InvalidatePlaced(context.Background(), reg)
 	if err != nil || !ok || placed != hi-lo {
 		t.Fatalf("invalidate: %d bytes placed (%v), %v; want %d", placed, ok, err, hi-lo)
 	}
@@ -160,7 +162,7 @@ func TestExposedWindowOverWire(t *testing.T) {
 				wlo, whi = hi, hi+4096
 			}
 			reg := expose(wlo, whi)
-			defer reg.Invalidate(context.Background())
+			defer mrcachetest.Invalidate(context.Background(), reg)
 			if reg.STag>>8 != stale>>8 || reg.STag == stale {
 				t.Fatalf("re-exposure STag %#x, first %#x: want the same index, another key", reg.STag, stale)
 			}
@@ -180,7 +182,7 @@ func TestExposedWindowOverWire(t *testing.T) {
 				t.Fatalf("refused read completed %v", st)
 			}
 			ours.Close() // nothing can land any more
-			if err := reg.Invalidate(context.Background()); err != nil {
+			if err := mrcachetest.Invalidate(context.Background(), reg); err != nil {
 				t.Fatal(err)
 			}
 			checkGuards(lo, hi) // [hi, hi+4096) still holds the guard too
@@ -191,5 +193,101 @@ func TestExposedWindowOverWire(t *testing.T) {
 	}
 	if err := p.Put(lent); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRegistrationWorkRequests: an exposure made and ended with
+// registration work requests on a queue pair (as the transport does):
+// the fast-register posted, the peer reaches exactly the exposed bytes;
+// once the local invalidation completed, Invalidated counts what the peer
+// placed and the STag is dead. A fast-register that cannot be posted is
+// abandoned, and an exposure whose invalidation failed is discarded;
+// either way the counters add up and the region is not reused.
+func TestRegistrationWorkRequests(t *testing.T) {
+	pd := iwarp.NewProtectionDomain()
+	p := mrcache.New(pd, 0)
+	defer p.Close()
+	lent, err := p.Get(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lent.Release()
+	peer, ours := wirePair(t, pd)
+	poll := func(wrid uint64) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var wc [1]verbs.Completion
+		if _, err := ours.SendCQ().Poll(ctx, wc[:]); err != nil || wc[0].WRID != wrid || wc[0].Status != verbs.StatusSuccess {
+			t.Fatalf("completion %+v (%v), want work request %d successful", wc[0], err, wrid)
+		}
+	}
+	rw := verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessLocalWrite
+	reg, err := lent.Expose(4096, 1000, rw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ours.PostSend(reg.FastRegisterWR(1)); err != nil {
+		t.Fatal(err)
+	}
+	reg.Posted()
+	poll(1)
+	if st := peerOp(t, peer, verbs.OpRDMAWrite, reg.STag, reg.Offset, 100, 7); st != verbs.StatusSuccess {
+		t.Fatalf("peer write of the exposure: %v", st)
+	}
+	// The Read is served after the Write was placed (RFC 5040 s5.5).
+	if st := peerOp(t, peer, verbs.OpRDMARead, reg.STag, reg.Offset, 100, 0); st != verbs.StatusSuccess {
+		t.Fatalf("peer read of the exposure: %v", st)
+	}
+	if s := p.Stats(); s.Exposures != 1 || s.LiveExposures != 1 || s.FastRegions != 1 {
+		t.Fatalf("exposed: %+v", s)
+	}
+	if err := ours.PostSend(reg.LocalInvalidateWR(2)); err != nil {
+		t.Fatal(err)
+	}
+	poll(2)
+	placed, ok := reg.Invalidated()
+	if placed != 100 || !ok {
+		t.Fatalf("Invalidated: %d bytes placed (%v), want 100", placed, ok)
+	}
+	if _, err := iwarp.TableOf(pd).Resolve(reg.STag, verbs.AccessRemoteWrite, reg.Offset, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+		t.Fatalf("the STag after its invalidation: %v", err)
+	}
+	if s := p.Stats(); s.LiveExposures != 0 || s.FastRegions != 1 {
+		t.Fatalf("invalidated: %+v", s)
+	}
+
+	// The region idle since is reused; posted on the peer's queue pair
+	// (another domain) the fast-register is refused.
+	reg, err = lent.Expose(0, 10, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := peer.PostSend(reg.FastRegisterWR(3)); !errors.Is(err, verbs.ErrInvalidWR) {
+		t.Fatalf("fast-register on another domain's queue pair: %v", err)
+	}
+	reg.Abandon()
+	if s := p.Stats(); s.FastRegions != 0 || s.LiveExposures != 0 || s.Exposures != 1 {
+		t.Fatalf("abandoned: %+v", s)
+	}
+
+	// Discard ends an exposure without a completed invalidation.
+	reg, err = lent.Expose(0, 10, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ours.PostSend(reg.FastRegisterWR(4)); err != nil {
+		t.Fatal(err)
+	}
+	reg.Posted()
+	poll(4)
+	if err := reg.Discard(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := iwarp.TableOf(pd).Resolve(reg.STag, verbs.AccessRemoteRead, reg.Offset, 1); !errors.Is(err, verbs.ErrInvalidSTag) {
+		t.Fatalf("the STag after Discard: %v", err)
+	}
+	if s := p.Stats(); s.FastRegions != 0 || s.LiveExposures != 0 || s.Exposures != 2 || s.ExposureReuses != 0 {
+		t.Fatalf("discarded: %+v", s)
 	}
 }

@@ -37,9 +37,43 @@ type confQP struct {
 
 	onClose   func() // run by the first Close
 	closeOnce sync.Once
+	scq       *verbs.SoftCQ // registrations' completions
+	regs      int           // registration work requests posted
+}
+
+// carryOut executes a registration work request at post time with the
+// domain's synchronous registration, as the providers do, and queues its
+// completion in cq: a local invalidation's key is dead when the post
+// returns, and it completes once the accesses in progress ended.
+func carryOut(wr verbs.SendWR, cq *verbs.SoftCQ) error {
+	b := wr.Binding
+	if wr.Opcode != verbs.OpLocalInvalidate {
+		if _, err := b.MR.FastRegister(b.Target, b.Offset, b.Length, b.Access); err != nil {
+			return err
+		}
+		cq.Push(verbs.Completion{WRID: wr.WRID, Opcode: wr.Opcode})
+		return nil
+	}
+	if err := b.MR.InvalidateContext(noWait); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	go func() {
+		c := verbs.Completion{WRID: wr.WRID, Opcode: wr.Opcode}
+		if err := b.MR.Invalidate(); err != nil {
+			c.Status = verbs.StatusFlushed
+		}
+		cq.Push(c)
+	}()
+	return nil
 }
 
 func (q *confQP) PostSend(wr verbs.SendWR) error {
+	if wr.Opcode.IsRegistration() {
+		q.mu.Lock()
+		q.regs++
+		q.mu.Unlock()
+		return carryOut(wr, q.scq)
+	}
 	var msg []byte
 	for _, sge := range wr.SGL {
 		b := sge.MR.Bytes()
@@ -56,7 +90,7 @@ func (q *confQP) PostSend(wr verbs.SendWR) error {
 }
 
 func (q *confQP) PostRecv(verbs.RecvWR) error   { return nil }
-func (q *confQP) SendCQ() verbs.CompletionQueue { return verbs.NewSoftCQ() }
+func (q *confQP) SendCQ() verbs.CompletionQueue { return q.scq }
 func (q *confQP) RecvCQ() verbs.CompletionQueue { return verbs.NewSoftCQ() }
 func (q *confQP) PD() *verbs.ProtectionDomain   { return q.pd }
 func (q *confQP) PeerPrivateData() []byte       { return nil }
@@ -90,7 +124,7 @@ func confConn(t *testing.T, cfg Config, st negState, sendSize int) (*conn, *conf
 	}
 	tr := NewTransport("127.0.0.1:1", cfg)
 	t.Cleanup(func() { tr.Close() })
-	qp := &confQP{pd: tr.pd, sent: make(chan struct{}, 64)}
+	qp := &confQP{pd: tr.pd, sent: make(chan struct{}, 64), scq: verbs.NewSoftCQ()}
 	c := &conn{
 		t: tr, qp: qp, recvSize: tr.cfg.InlineRecv,
 		pending: make(map[uint32]*req), granted: 1,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rdmafs/rdmafs/internal/trace"
 	"github.com/rdmafs/rdmafs/mrcache"
@@ -40,9 +41,16 @@ type conn struct {
 	reapBuf  [16]verbs.Completion // reapSendsLocked's; guarded by mu
 	sglFree  []*[1]verbs.SGE      // gather lists of reaped Sends, for reuse
 	nextWR   uint64               // also the sequence number of the last message posted
-	err      error
-	dead     chan struct{}
-	qpClosed chan struct{} // closed once the queue pair is closed: no access to our memory any more
+	// Registration work requests waited for, by work request ID, and
+	// the reaper that polls for them (regwr.go); guarded by mu.
+	regs       map[uint64]regSlot
+	reaping    bool
+	reapCancel context.CancelFunc
+	regBuf     [16]verbs.Completion // the reaper's
+	regWR      atomic.Uint64        // the last registration work request ID (regWRID)
+	err        error
+	dead       chan struct{}
+	qpClosed   chan struct{} // closed once the queue pair is closed: no access to our memory any more
 
 	// Receive buffers, by work request ID; guarded by mu.
 	recvBufs  []*mrcache.Buffer
@@ -101,6 +109,7 @@ func (t *Transport) dial(ctx context.Context) (*conn, error) {
 		granted:  1, // RFC 8166 s3.3.3: one credit until the first reply
 		wake:     make(chan struct{}),
 		sends:    make(map[uint64]sendState),
+		regs:     make(map[uint64]regSlot),
 		dead:     make(chan struct{}),
 		qpClosed: make(chan struct{}),
 		bcSlots:  make(chan struct{}, t.cfg.BackchannelSlots),
@@ -279,6 +288,11 @@ func (c *conn) failRx(err error) {
 func (c *conn) markFailed(err error) (pending map[uint32]*req, first bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.markFailedLocked(err)
+}
+
+// markFailedLocked is markFailed with c.mu held.
+func (c *conn) markFailedLocked(err error) (pending map[uint32]*req, first bool) {
 	if c.err != nil {
 		return nil, false
 	}
@@ -382,20 +396,19 @@ func (c *conn) sendBuffer(ctx context.Context, pieces [][]byte) (*mrcache.Buffer
 
 // postLocked posts the first n bytes of buf as one Send and returns its sequence number:
 // messages are posted, and so reach the peer, in that order. The send
-// queue owns buf until the Send completes. Called with c.mu held.
+// queue owns buf until the Send completes. The fast-registers of the
+// call's exposures were posted before it (frwr.mapBuffer). Called with
+// c.mu held.
 func (c *conn) postLocked(buf *mrcache.Buffer, n int) (uint64, error) {
-	return c.postBindLocked(buf, n, nil)
-}
-
-// postBindLocked is postLocked for a call whose exposures (binds) are
-// bound on the queue pair ahead of its Send (verbs.SendWR.Bind: memory
-// windows on hardware). Called with c.mu held.
-func (c *conn) postBindLocked(buf *mrcache.Buffer, n int, binds []*verbs.MemoryRegion) (uint64, error) {
 	if c.err != nil {
 		c.t.pool.Recycle(buf)
 		return 0, c.err
 	}
 	c.reapSendsLocked()
+	if c.err != nil { // a completion in error broke the queue pair
+		c.t.pool.Recycle(buf)
+		return 0, c.err
+	}
 	// The gather list too stays the send queue's until the Send
 	// completes: one of a reaped Send, so that a post allocates none.
 	var sgl *[1]verbs.SGE
@@ -415,7 +428,7 @@ func (c *conn) postBindLocked(buf *mrcache.Buffer, n int, binds []*verbs.MemoryR
 	sgl[0].Length = uint32(n)
 	c.nextWR++
 	wr := c.nextWR
-	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: sgl[:], Bind: binds}); err != nil {
+	if err := c.qp.PostSend(verbs.SendWR{WRID: wr, Opcode: verbs.OpSend, SGL: sgl[:]}); err != nil {
 		c.t.pool.Recycle(buf)
 		c.sglFree = append(c.sglFree, sgl)
 		return 0, fmt.Errorf("rpcrdma: post send: %w", err)
@@ -424,8 +437,9 @@ func (c *conn) postBindLocked(buf *mrcache.Buffer, n int, binds []*verbs.MemoryR
 	return wr, nil
 }
 
-// reapSendsLocked takes the Send completions that have come, without
-// waiting, and gives their buffers back. Called with c.mu held.
+// reapSendsLocked takes the send queue completions that have come,
+// without waiting, and gives the Sends' buffers back (completedLocked).
+// Called with c.mu held.
 //
 // No goroutine waits for Send completions: a call does not wait for its
 // Send (the send queue owns the buffer), so the completions are reaped
@@ -438,14 +452,7 @@ func (c *conn) reapSendsLocked() {
 	for {
 		n := cq.TryPoll(c.reapBuf[:])
 		for _, w := range c.reapBuf[:n] {
-			if s, ok := c.sends[w.WRID]; ok {
-				delete(c.sends, w.WRID)
-				c.complete(s)
-			}
-			if w.Status != verbs.StatusSuccess && c.err == nil {
-				// The queue pair has broken; fail takes mu.
-				go c.fail(fmt.Errorf("%w: send completion %v (%v)", oncrpc.ErrConnection, w.Status, c.qp.Err()))
-			}
+			c.completedLocked(w)
 		}
 		if n < len(c.reapBuf) {
 			return

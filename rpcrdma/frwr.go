@@ -2,7 +2,6 @@ package rpcrdma
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"time"
 
@@ -34,7 +33,11 @@ type frwr struct {
 	// chunk's segments.
 	writeRegs, replyRegs, readRegs []*mrcache.Registration
 
-	binds []*verbs.MemoryRegion // backs bindList, kept with the pooled req
+	// inv waits for the call's local invalidations (regwr.go); unmapped
+	// is what they found, by exposure. Both are kept with the pooled req.
+	inv      regWaiter
+	unmapped []unmapResult
+	scratch  []*mrcache.Registration // the exposures unmap ends
 	// writePlaced is what the provider saw placed in each Write chunk
 	// segment, counted by unmapWritable (mrcache InvalidatePlaced); nil
 	// when it cannot know (a hardware provider).
@@ -51,12 +54,20 @@ type frwr struct {
 
 // mapBuffer offers the n bytes at off in src (an upper-layer buffer or
 // one the transport took for the call) to the peer with the given access
-// (RFC 8166 s8.1), and adds the exposure to regs, one of f's lists.
+// (RFC 8166 s8.1), and adds the exposure to regs, one of f's lists. The
+// fast-register work request is posted on the connection's send queue
+// now, so ahead of the call's Send, and not waited for (see regwr.go:
+// xprtrdma's frwr_map and frwr_send).
 func (f *frwr) mapBuffer(c *conn, xid uint32, regs *[]*mrcache.Registration, src *mrcache.Buffer, off, n int, access verbs.Access) (*mrcache.Registration, error) {
 	reg, err := src.Expose(off, n, access)
 	if err != nil {
 		return nil, fmt.Errorf("rpcrdma: xid %#x: %w", xid, err)
 	}
+	if err := c.qp.PostSend(reg.FastRegisterWR(c.regWRID())); err != nil {
+		reg.Abandon()
+		return nil, fmt.Errorf("rpcrdma: xid %#x: post fast-register of %d bytes: %w", xid, n, err)
+	}
+	reg.Posted()
 	*regs = append(*regs, reg)
 	if c.t.cfg.Tracer.On(trace.MR) {
 		c.t.cfg.Tracer.Printf(trace.MR, "mr_map xid=%#x stag=%#x len=%d access=%v", xid, reg.STag, reg.Len, access)
@@ -67,22 +78,6 @@ func (f *frwr) mapBuffer(c *conn, xid uint32, regs *[]*mrcache.Registration, src
 // exposures returns how many exposures of f are live.
 func (f *frwr) exposures() int {
 	return len(f.writeRegs) + len(f.replyRegs) + len(f.readRegs)
-}
-
-// bindList returns the regions of the call's exposures, for its Send to
-// bind (verbs.SendWR.Bind), or nil if it has none.
-func (f *frwr) bindList() []*verbs.MemoryRegion {
-	if f.exposures() == 0 {
-		return nil
-	}
-	binds := f.binds[:0]
-	for _, regs := range [...][]*mrcache.Registration{f.writeRegs, f.replyRegs, f.readRegs} {
-		for _, reg := range regs {
-			binds = append(binds, reg.MR())
-		}
-	}
-	f.binds = binds
-	return binds
 }
 
 // offered reports whether stag is one of the call's exposures.
@@ -101,39 +96,35 @@ func (f *frwr) offered(stag uint32) bool {
 // Reply chunks', before the reply is looked at. It runs on the receive
 // path, maybe in the provider's receiving goroutine (verbs.RecvHandlerSetter),
 // which closing the queue pair would wait for: a failure fails the
-// connection from another goroutine (failRx).
+// connection from another goroutine (failRx). Waiting there for the
+// invalidations' completions is safe: the registration reaper polls for
+// them, not this goroutine (regwr.go).
 //
 // It notes what the peer placed in each (RFC 8166 s3.4.6: only the bytes
 // the responder wrote are data), for the reply to be checked against.
 func (f *frwr) unmapWritable(c *conn, xid uint32) error {
-	var first error
+	nw := len(f.writeRegs)
+	list := append(append(f.scratch[:0], f.writeRegs...), f.replyRegs...)
+	f.scratch = list
+	first := f.unmap(c, xid, list, c.failRx)
 	known := true // every Write chunk segment's placed count is known
 	placed := f.placedBuf[:0]
-	for i, reg := range f.writeRegs {
-		n, ok, err := f.end(c, xid, reg, c.failRx)
-		if err != nil {
-			n = 0 // the call fails: see unmapAll
-			first = cmp.Or(first, err)
+	for i, res := range f.unmapped {
+		if i < nw {
+			placed = append(placed, res.placed) // 0 if it failed: the call fails (see unmap)
+			known = known && res.known
+		} else if res.err == nil {
+			f.replyPlaced, f.replyKnown = res.placed, res.known
 		}
-		placed = append(placed, n)
-		known = known && ok
-		f.writeRegs[i] = nil
 	}
 	f.placedBuf = placed
-	if len(f.writeRegs) > 0 && known {
+	if nw > 0 && known && first == nil {
 		f.writePlaced = placed
 	}
-	f.writeRegs = f.writeRegs[:0]
-	for i, reg := range f.replyRegs {
-		n, ok, err := f.end(c, xid, reg, c.failRx)
-		if err != nil {
-			first = cmp.Or(first, err)
-		} else {
-			f.replyPlaced, f.replyKnown = n, ok
-		}
-		f.replyRegs[i] = nil
-	}
-	f.replyRegs = f.replyRegs[:0]
+	clear(list)
+	clear(f.writeRegs)
+	clear(f.replyRegs)
+	f.writeRegs, f.replyRegs = f.writeRegs[:0], f.replyRegs[:0]
 	return first
 }
 
@@ -153,69 +144,98 @@ func (f *frwr) unmapWritable(c *conn, xid uint32) error {
 // connections: the call's buffers are withdrawn for good (f.exposed) and
 // the transport refuses further calls (ErrExposed).
 func (f *frwr) unmapAll(c *conn, xid uint32) error {
+	if f.exposures() == 0 {
+		return nil
+	}
 	closeNow := func(err error) {
 		c.qp.Close()
 		go c.fail(err)
 	}
-	first := f.unmapList(c, xid, &f.writeRegs, closeNow)
-	first = cmp.Or(first, f.unmapList(c, xid, &f.replyRegs, closeNow))
-	return cmp.Or(first, f.unmapList(c, xid, &f.readRegs, closeNow))
-}
-
-func (f *frwr) unmapList(c *conn, xid uint32, regs *[]*mrcache.Registration, closeConn func(error)) error {
-	var first error
-	for i, reg := range *regs {
-		if _, _, err := f.end(c, xid, reg, closeConn); err != nil {
-			first = cmp.Or(first, err)
-		}
-		(*regs)[i] = nil
+	list := append(append(append(f.scratch[:0], f.writeRegs...), f.replyRegs...), f.readRegs...)
+	f.scratch = list
+	err := f.unmap(c, xid, list, closeNow)
+	clear(list)
+	for _, regs := range [...]*[]*mrcache.Registration{&f.writeRegs, &f.replyRegs, &f.readRegs} {
+		clear(*regs)
+		*regs = (*regs)[:0]
 	}
-	*regs = (*regs)[:0]
-	return first
+	return err
 }
 
-// noWait is a context that has ended: an invalidation with it returns at
-// once if a placement is in progress.
-var noWait = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
+// unmapResult is what ending one exposure found: the bytes the provider
+// saw placed (known false: it cannot count), or why it failed.
+type unmapResult struct {
+	placed int
+	known  bool
+	err    error
+}
 
 // invalidateWait bounds how long an invalidation waits for a placement in
 // progress before the connection is closed under it.
 const invalidateWait = 2 * time.Second
 
-// end invalidates one exposure and returns what the provider saw placed
-// in it (known false: it cannot count). If it cannot, closeConn closes
-// the connection, which ends the placement, and end waits for it.
+// unmap ends the exposures regs: their local invalidations are posted on
+// the connection's send queue one after the other and waited for
+// together, up to invalidateWait (xprtrdma's frwr_unmap_sync: LOCAL_INVs
+// chained, the wait for their completion); f.unmapped[i] is what ending
+// regs[i] found. The provider may still be using a region (a Read chunk
+// whose Read Response it is finishing when the reply comes): its
+// invalidation completes when that access ends.
 //
-// The exposure is first invalidated without waiting, which needs no
-// timer: only when the provider is still using the region (a Read chunk
-// whose Read Response it is finishing when the reply comes: a few calls
-// in a hundred with the responder in another process, about half with
-// it in this one) does the bounded wait follow. The region is invalid
-// after the first attempt either way; the second only waits.
-func (f *frwr) end(c *conn, xid uint32, reg *mrcache.Registration, closeConn func(error)) (placed int, known bool, err error) {
-	placed, known, err = reg.InvalidatePlaced(noWait)
-	if err != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), invalidateWait)
-		placed, known, err = reg.InvalidatePlaced(ctx)
-		cancel()
+// An invalidation that cannot be posted, completes in error or does not
+// complete in time closes the connection (closeConn), which ends the
+// peer's accesses, and its exposure is then discarded: the region is
+// deregistered, never reused (mrcache Discard). If even that fails the
+// call's buffers are withdrawn for good and the transport refuses
+// further calls (RFC 8166 s4.5.4).
+func (f *frwr) unmap(c *conn, xid uint32, regs []*mrcache.Registration, closeConn func(error)) error {
+	res := f.unmapped[:0]
+	for range regs {
+		res = append(res, unmapResult{})
 	}
-	if c.t.cfg.Tracer.On(trace.MR) {
-		c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", xid, reg.STag, err)
+	f.unmapped = res
+	if len(regs) == 0 {
+		return nil
 	}
-	if err == nil {
-		return placed, known, nil
+	w := &f.inv
+	c.postRegistrations(w, len(regs), func(i int, wrid uint64) verbs.SendWR { return regs[i].LocalInvalidateWR(wrid) })
+	c.awaitRegistrations(w, invalidateWait)
+	var first error
+	for i, reg := range regs {
+		err := w.errs[i]
+		switch {
+		case err != nil:
+			err = fmt.Errorf("post local invalidation of STag %#x: %w", reg.STag, err)
+		case w.status[i] == statusPending:
+			err = fmt.Errorf("local invalidation of STag %#x not complete after %v", reg.STag, invalidateWait)
+		case w.status[i] != verbs.StatusSuccess:
+			err = fmt.Errorf("local invalidation of STag %#x completed %v", reg.STag, w.status[i])
+		}
+		if c.t.cfg.Tracer.On(trace.MR) {
+			c.t.cfg.Tracer.Printf(trace.MR, "mr_localinv xid=%#x stag=%#x err=%v", xid, reg.STag, err)
+		}
+		if err == nil {
+			res[i].placed, res[i].known = reg.Invalidated()
+			continue
+		}
+		res[i].err = err
+		first = cmp.Or(first, err)
 	}
-	c.t.tracef(trace.RDMA, "xid=%#x: %v: closing the connection", xid, err)
-	closeConn(fmt.Errorf("%w: %w", oncrpc.ErrConnection, err))
-	if err := reg.Invalidate(context.Background()); err != nil {
-		f.exposed = true
-		c.t.disable(fmt.Errorf("%w: xid %#x: %w", ErrExposed, xid, err))
+	if first == nil {
+		return nil
 	}
-	return 0, false, err
+	c.t.tracef(trace.RDMA, "xid=%#x: %v: closing the connection", xid, first)
+	closeConn(fmt.Errorf("%w: %w", oncrpc.ErrConnection, first))
+	for i, reg := range regs {
+		if res[i].err == nil {
+			continue
+		}
+		if err := reg.Discard(); err != nil {
+			f.exposed = true
+			c.t.disable(fmt.Errorf("%w: xid %#x: %w", ErrExposed, xid, err))
+		}
+	}
+	return first
 }
 
 // disable makes the transport refuse calls for good: memory it exposed

@@ -63,6 +63,13 @@ func (c *conn) sendOneWayLocked(h *Header) bool {
 	return true
 }
 
+// noWait is a context that has ended: GetWait with it does not wait.
+var noWait = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
 // postHeaderLocked posts a message of a transport header only, in a send
 // buffer taken without waiting. Called with c.mu held.
 func (c *conn) postHeaderLocked(h *Header) (uint64, error) {

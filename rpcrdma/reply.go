@@ -169,6 +169,12 @@ func (c *conn) acceptReply(i int, h *Header, payload []byte, inv uint32, withInv
 	// The reply is accepted: now it may change state.
 	c.neg.commit(h, v)
 	c.reapSendsLocked() // the call's Send, most likely
+	if c.err != nil {
+		// A completion in error broke the queue pair (maybe the call's
+		// fast-register): the call fails with the connection.
+		c.mu.Unlock()
+		return nil, 0, false
+	}
 	delete(c.pending, h.XID)
 	c.inflight--
 	c.releaseOneWayLocked(r.seq)

@@ -303,9 +303,9 @@ func (c *conn) exchange(ctx context.Context, r *req) error {
 	// buffer that the send queue owns, and a peer that never
 	// acknowledges the Send must not hold the call past its reply or its
 	// context.
-	// The call's exposures are bound ahead of its Send, on this
-	// connection's queue pair (memory windows on hardware).
-	r.seq, err = c.postBindLocked(buf, n, r.bindList())
+	// The call's exposures were fast-registered on this connection's
+	// send queue ahead of its Send (frwr.mapBuffer).
+	r.seq, err = c.postLocked(buf, n)
 	c.mu.Unlock()
 	t.traceMarshal(r, vers)
 	if err != nil {

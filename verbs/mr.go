@@ -319,7 +319,8 @@ func (mr *MemoryRegion) resolveLocal(need Access, off uint64, n uint32) ([]byte,
 // Invalidating an invalid region only waits.
 //
 // It is the old, synchronous registration model: an OpLocalInvalidate
-// work request replaces it.
+// work request replaces it for consumers (rpcrdma uses only that); the
+// providers and tests without a queue pair still use it.
 func (mr *MemoryRegion) Invalidate() error {
 	return mr.InvalidateContext(context.Background())
 }
@@ -407,7 +408,9 @@ func (mr *MemoryRegion) rekeyedLocked(old, stag uint32) (uint32, error) {
 // again, as FRWR requires.
 //
 // It is the old, synchronous registration model: an OpFastRegister work
-// request (or OpBindWindow for a memory window) replaces it.
+// request (or OpBindWindow for a memory window) replaces it for consumers
+// (rpcrdma uses only those); the providers carry those requests out with
+// it, and tests without a queue pair use it.
 func (mr *MemoryRegion) FastRegister(target *MemoryRegion, off uint64, n int, access Access) (uint32, error) {
 	if target == nil || target.pd != mr.pd {
 		return 0, fmt.Errorf("verbs: fast register: target of another protection domain: %w", ErrInvalidWR)

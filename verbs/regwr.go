@@ -33,7 +33,10 @@ import "fmt"
 // bound, bounds outside the target) fails PostSend with an error wrapping
 // ErrInvalidWR, ErrInvalidSTag or ErrBounds, and nothing is posted. These
 // replace the synchronous MemoryRegion.FastRegister, SendWR.Bind and
-// WindowBinder, and MemoryRegion.Invalidate, which remain for now.
+// WindowBinder, and MemoryRegion.Invalidate: the transport (rpcrdma, with
+// mrcache.Registration) uses only the work requests; the providers carry
+// them out with the synchronous calls, and tests without a queue pair use
+// those (mrcache/mrcachetest, the conformance suite).
 
 // MemoryBinding is the operand of a registration work request (see
 // OpFastRegister, OpBindWindow, OpLocalInvalidate).

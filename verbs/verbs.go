@@ -197,7 +197,8 @@ type SendWR struct {
 	// window then works only through this queue pair. A provider that
 	// binds in FastRegister (WindowBinder not implemented) ignores it.
 	// It belongs to the old, synchronous registration model; an
-	// OpBindWindow work request replaces it.
+	// OpFastRegister or OpBindWindow work request replaces it (rpcrdma
+	// no longer sets it; the conformance suite still does).
 	Bind []*MemoryRegion
 	// Binding is the operand of a registration work request
 	// (OpFastRegister, OpLocalInvalidate, OpBindWindow).

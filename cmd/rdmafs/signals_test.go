@@ -149,7 +149,8 @@ func TestGaneshaSignalsKill(t *testing.T) {
 	g, p := ownGanesha(t)
 	for _, tr := range fuseTransports {
 		t.Run(tr, func(t *testing.T) {
-			d := testDir(t, mount(t, p, tr))
+			mnt := mount(t, p, tr)
+			d := testDir(t, mnt)
 			// Directories of their own: the stat's LOOKUP holds its
 			// directory's lock, which the unlink would wait for.
 			for _, sub := range []string{"s", "u"} {
@@ -181,6 +182,12 @@ func TestGaneshaSignalsKill(t *testing.T) {
 			unlink.send(t, "go")
 			waitInFUSE(t, stat.pid())
 			waitInFUSE(t, unlink.pid())
+			// Waiting in FUSE is not enough for the unlink: the request
+			// waited for may be a LOOKUP of the victim (revalidation),
+			// which a kill ends before the REMOVE is sent. (The stat's
+			// LOOKUP may still be queued in the kernel, over io_uring
+			// behind the REMOVE: a kill ends it there too.)
+			waitInFlight(t, mnt, "REMOVE")
 			for _, c := range []*prog{stat, unlink} {
 				if err := syscall.Kill(c.pid(), syscall.SIGKILL); err != nil {
 					t.Fatal(err)
@@ -382,6 +389,30 @@ func waitInFUSE(t *testing.T, pid int) {
 			t.Fatalf("process %d not waiting for a FUSE request after a minute; its stack:\n%s", pid, stack)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitInFlight waits until the mount on mnt has a COMPOUND of each
+// of ops on its session's slots, as `rdmafs stats` lists them.
+func waitInFlight(t *testing.T, mnt string, ops ...string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, code := runBin(t, time.Minute, "stats", mnt)
+		missing := ""
+		for _, op := range ops {
+			if code != 0 || !regexp.MustCompile(`(?m)^  slot \d+ xid \S+ `+op+` for `).MatchString(out) {
+				missing = op
+				break
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s in flight after a minute; rdmafs stats (exit %d):\n%s", missing, code, out)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -1,6 +1,7 @@
 package testpeer
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -343,7 +344,56 @@ func (g *Ganesha) stop(removeRunDir bool) error {
 // Pause stops ganesha.nfsd (SIGSTOP) without closing its connections:
 // to its clients the server has gone silent, as a hung or partitioned
 // server does. Resume undoes it.
-func (g *Ganesha) Pause() error { return g.signal(syscall.SIGSTOP) }
+// It returns once every thread has stopped: SIGSTOP is delivered
+// asynchronously, and a thread busy with a call could still answer it.
+func (g *Ganesha) Pause() error {
+	if err := g.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	pid := g.cmd.Process.Pid
+	g.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		running, err := runningThreads(pid)
+		if err != nil {
+			return fmt.Errorf("ganesha: pause: %w", err)
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("ganesha: pause: %d threads still running after 10s", running)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// runningThreads counts the threads of process pid not stopped (state T
+// in /proc/PID/task/TID/stat, proc(5)).
+func runningThreads(pid int) (int, error) {
+	tids, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	running := 0
+	for _, tid := range tids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, tid.Name()))
+		if err != nil {
+			continue // the thread exited
+		}
+		// The state follows the command name, which is in parentheses
+		// and may hold any byte.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return 0, fmt.Errorf("thread %s: malformed stat %q", tid.Name(), b)
+		}
+		if st := b[i+2]; st != 'T' && st != 't' && st != 'Z' && st != 'X' {
+			running++
+		}
+	}
+	return running, nil
+}
 
 // Resume continues a paused ganesha.nfsd (SIGCONT).
 func (g *Ganesha) Resume() error { return g.signal(syscall.SIGCONT) }

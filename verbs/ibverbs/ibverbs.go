@@ -27,8 +27,10 @@
 // in libibverbs). Where the device has type-2 memory windows (rxe, mlx5)
 // a fast-registration region (verbs.ProtectionDomain.AllocFastReg) is a
 // window: FastRegister prepares its bind to exactly the call's bytes under
-// a new key, the bind work request is chained before the Send that offers
-// it (verbs.SendWR.Bind) and a local invalidation work request ends it
+// a new key, the bind work request is posted before the Send that offers
+// it (the consumer's verbs.OpFastRegister or OpBindWindow work request,
+// regwr.go; verbs.SendWR.Bind chains it with the Send in the old model)
+// and a local invalidation work request ends it
 // (window.go). Elsewhere (siw has no memory windows) the region is bound
 // by an ibv_reg_mr of exactly the call's bytes inside the already
 // registered slab, under a new key, and invalidated by ibv_dereg_mr

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/rdmafs/rdmafs/mrcache"
+	"github.com/rdmafs/rdmafs/mrcache/mrcachetest"
 	"github.com/rdmafs/rdmafs/verbs"
 )
 
@@ -26,7 +27,7 @@ func TestDeregFailureKeepsKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := buf.Expose(0, 8192, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+	reg, err := mrcachetest.Expose(buf, 0, 8192, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +38,7 @@ func TestDeregFailureKeepsKey(t *testing.T) {
 	dev.failDereg = true
 	dev.mu.Unlock()
 	for i := range 2 {
-		if err := reg.Invalidate(context.Background()); err == nil {
+		if err := mrcachetest.Invalidate(context.Background(), reg); err == nil {
 			t.Fatalf("invalidation %d reported success while the key is still on the device", i+1)
 		}
 	}
@@ -48,7 +49,7 @@ func TestDeregFailureKeepsKey(t *testing.T) {
 	dev.mu.Lock()
 	dev.failDereg = false
 	dev.mu.Unlock()
-	if err := reg.Invalidate(context.Background()); err != nil {
+	if err := mrcachetest.Invalidate(context.Background(), reg); err != nil {
 		t.Fatal(err)
 	}
 	if dev.usable(reg.STag) || dev.count() != 1 || pd.LiveRemoteRegions() != 0 {
@@ -93,14 +94,14 @@ func TestSGEsOfThisDomainOnly(t *testing.T) {
 	if _, _, err := h.sge(foreign, verbs.AccessLocalWrite); !errors.Is(err, verbs.ErrInvalidWR) {
 		t.Fatalf("SGE of another domain: %v, want ErrInvalidWR", err)
 	}
-	reg, err := mine.Expose(0, 4096, verbs.AccessRemoteRead)
+	reg, err := mrcachetest.Expose(mine, 0, 4096, verbs.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := h.sge(verbs.SGE{MR: reg.MR(), Length: 16}, 0); !errors.Is(err, verbs.ErrInvalidWR) {
 		t.Fatalf("SGE of a fast-registration region: %v, want ErrInvalidWR", err)
 	}
-	if err := reg.Invalidate(context.Background()); err != nil {
+	if err := mrcachetest.Invalidate(context.Background(), reg); err != nil {
 		t.Fatal(err)
 	}
 	if err := sge.MR.Deregister(); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/mrcache"
+	"github.com/rdmafs/rdmafs/mrcache/mrcachetest"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/rpcrdma"
 	"github.com/rdmafs/rdmafs/verbs"
@@ -315,7 +316,7 @@ func TestGuestExposureRate(t *testing.T) {
 			}
 			start := time.Now()
 			for range n {
-				reg, err := buf.Expose(0, 4096, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+				reg, err := mrcachetest.Expose(buf, 0, 4096, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -324,7 +325,7 @@ func TestGuestExposureRate(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if err := reg.Invalidate(ctx); err != nil {
+				if err := mrcachetest.Invalidate(ctx, reg); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -430,7 +431,7 @@ func TestGuestWindowInvalidated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := lentBuf.Expose(100, 1000, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+	reg, err := mrcachetest.Expose(lentBuf, 100, 1000, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +457,7 @@ func TestGuestWindowInvalidated(t *testing.T) {
 		t.Fatalf("window bytes after the peer's Write: %x %x %x %x", buf[99], buf[100], buf[163], buf[164])
 	}
 	key := reg.STag
-	if err := reg.Invalidate(ctx); err != nil {
+	if err := mrcachetest.Invalidate(ctx, reg); err != nil {
 		t.Fatal(err)
 	}
 	clear(buf)

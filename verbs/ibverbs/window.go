@@ -25,9 +25,10 @@ import (
 // window (ibv_alloc_mw, once per region) that FastRegister only prepares:
 // it picks the next key (the low byte of the rkey, as ibv_inc_rkey) and
 // the bytes, and the queue pair that carries the call binds it with an
-// IBV_WR_BIND_MW work request chained before the call's Send
-// (verbs.SendWR.Bind), so one ibv_post_send exposes the call's bytes and
-// sends it: no system call of its own, no page pinning, no lock shared by
+// IBV_WR_BIND_MW work request posted before the call's Send (the
+// consumer's verbs.OpFastRegister work request, regwr.go; in the old
+// model chained with the Send, verbs.SendWR.Bind, so that one
+// ibv_post_send exposed the call's bytes and sent it): no system call of its own, no page pinning, no lock shared by
 // the domain's connections beyond the window's own. Invalidate posts an
 // IBV_WR_LOCAL_INV on that queue pair and Quiesce waits for its
 // completion (spi.Quiescer); an invalidation that cannot be posted or

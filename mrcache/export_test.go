@@ -1,0 +1,8 @@
+package mrcache
+
+// The pool's shape, for its external tests.
+const (
+	BlocksPerChunk = blocksPerChunk
+	UpperShareNum  = upperShareNum
+	UpperShareDen  = upperShareDen
+)
