@@ -314,7 +314,8 @@ func (s *callbackServer) sequence(d *xdr.Decoder, r *cbResults) (*cbSlot, uint32
 }
 
 func (c *Client) delegReturn(ctx context.Context, sid StateID, fh []byte) error {
-	err := c.do(ctx, c.sysCred, func(cp *compound) {
+	// An operation on the file: in the mount's flavor, as mountRoot.
+	err := c.do(ctx, c.Cred(0, 0, nil), func(cp *compound) {
 		cp.putFH(fh)
 		cp.add(&delegReturnOp{args: delegreturn4args{delegStateid: sid}})
 	})

@@ -19,6 +19,7 @@ package nfsclient
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -72,6 +73,13 @@ type Config struct {
 	MinorVersion int
 	// Tracer receives NFS trace events; nil traces nothing.
 	Tracer *trace.Tracer
+	// Security is the flavor of the calls made for users (nfs(5)
+	// sec=); state management (EXCHANGE_ID, CREATE_SESSION, SEQUENCE
+	// alone) stays AUTH_SYS, as RFC 8881 s2.4.3 allows. Zero is SecSys.
+	Security Security
+	// GSS gives each user's Kerberos mechanism; required with a
+	// Kerberos Security.
+	GSS GSSSource
 }
 
 // Client is an NFSv4.1 or NFSv4.2 client with one session to one server. It is safe
@@ -116,6 +124,7 @@ type Client struct {
 
 	stats     Stats
 	credCache lru.Cache[string, oncrpc.Credential] // Cred's encoded credentials, the most recently used (Max maxCachedCreds)
+	gss       *gssContexts                         // the users' RPCSEC_GSS contexts; nil under SecSys
 
 	closing   context.Context // done once Close or Abandon has begun
 	stop      context.CancelFunc
@@ -154,6 +163,13 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		opens:     make(map[[12]byte]*OpenFile),
 	}
 	c.credCache.Max = maxCachedCreds
+	if cfg.Security != SecSys {
+		if cfg.GSS == nil {
+			return nil, fmt.Errorf("nfsclient: sec=%v needs a GSSSource", cfg.Security)
+		}
+		c.gss = &gssContexts{src: cfg.GSS, service: cfg.Security.service()}
+		c.gss.byUID.Max = maxGSSUsers
+	}
 	c.closing, c.stop = context.WithCancel(context.Background())
 	c.minor.Store(minorVersion2)
 	if cfg.MinorVersion == 1 {
@@ -199,7 +215,9 @@ func (c *Client) mountRoot(ctx context.Context) error {
 	}
 	var a Attr
 	var fh getFHOp
-	err := c.do(ctx, c.sysCred, func(cp *compound) {
+	// Root's credential in the mount's flavor: a Kerberos export answers
+	// NFS4ERR_WRONGSEC to AUTH_SYS (RFC 8881 s2.6.3.1).
+	err := c.do(ctx, c.Cred(0, 0, nil), func(cp *compound) {
 		cp.putRootFH()
 		for _, p := range parts {
 			cp.add(&lookupOp{args: lookup4args{objname: p}})
@@ -308,7 +326,13 @@ const maxCachedCreds = 1024
 // Cred returns the AUTH_SYS credential of a caller, cached so that each
 // call does not encode it again: the maxCachedCreds most recently used
 // are kept.
+//
+// Under Kerberos it names the user, whose RPCSEC_GSS context each call
+// is bound to when it is sent (gss.go).
 func (c *Client) Cred(uid, gid uint32, groups []uint32) oncrpc.Credential {
+	if c.gss != nil {
+		return gssCred(uid)
+	}
 	var kb strings.Builder
 	fmt.Fprintf(&kb, "%d:%d", uid, gid)
 	for _, g := range groups {
@@ -347,15 +371,26 @@ func (c *Client) do(ctx context.Context, cred oncrpc.Credential, build func(*com
 	// move to the heap, as decodeAll hands it to each operation's
 	// decoder through an interface.
 	r := &cp.res
-	staleRetries := 0
+	staleRetries, gssRetried := 0, false
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			if err := wait.Sleep(ctx, retryDelay(attempt)); err != nil {
 				return err
 			}
 		}
-		x, err := c.send(ctx, cred, cp, r, build)
+		bound, err := c.bind(ctx, cred)
+		if err != nil {
+			return err
+		}
+		x, err := c.send(ctx, bound, cp, r, build)
 		if errors.Is(err, errRetry) {
+			continue
+		}
+		if errors.Is(err, oncrpc.ErrGSSContext) && bound.GSS != nil && !gssRetried {
+			// RFC 2203 s5.3.3.3: the server no longer knows the
+			// context (CREDPROBLEM, CTXPROBLEM): a new one, once.
+			c.gss.expired(binary.BigEndian.Uint32(cred.Body), bound.GSS)
+			gssRetried = true
 			continue
 		}
 		if err != nil {

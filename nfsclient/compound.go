@@ -82,9 +82,10 @@ type compound struct {
 	// READ destination. Views of registered memory the transport moves
 	// where they are (oncrpc.Call).
 	bulk   oncrpc.View
-	split  int         // where bulk goes in e; valid when bulk is not zero
-	dest   oncrpc.View // READ destination
-	maxRep int         // estimated reply size beyond dest
+	split  int                // where bulk goes in e; valid when bulk is not zero
+	dest   oncrpc.View        // READ destination
+	gss    *oncrpc.GSSContext // the context the call is made under, or nil
+	maxRep int                // estimated reply size beyond dest
 
 	// cacheThis asks the server to keep the reply in the slot's replay
 	// cache; set for compounds that are not idempotent, so a
@@ -128,6 +129,7 @@ func (c *compound) resetMinor(rpc *oncrpc.Client, cred oncrpc.Credential, tag st
 	clear(c.attrs[:c.nattr]) // rd and wr are set whole when used
 	c.nattr = 0
 	c.xid = rpc.StartCall(&c.e, procCompound, cred)
+	c.gss = cred.GSS
 	c.e.String(tag)
 	c.e.Uint32(minor)
 	c.numAt = c.e.Reserve(4)
@@ -167,7 +169,7 @@ func (c *compound) call() *oncrpc.Call {
 		c.e.PutUint32At(c.cacheAt, 1)
 	}
 	b := c.e.Bytes()
-	c.rpcCall = oncrpc.Call{XID: c.xid, Head: b, ReplyBulk: c.dest, MaxReplySize: c.maxRep + 256}
+	c.rpcCall = oncrpc.Call{XID: c.xid, Head: b, ReplyBulk: c.dest, MaxReplySize: c.maxRep + 256, GSS: c.gss}
 	if !c.bulk.IsZero() {
 		c.rpcCall.Head, c.rpcCall.Bulk, c.rpcCall.Tail = b[:c.split], c.bulk, b[c.split:]
 	}

@@ -271,5 +271,8 @@ func Errno(err error) syscall.Errno {
 	if errors.Is(err, errTimeout) {
 		return syscall.ETIMEDOUT
 	}
+	if errors.Is(err, ErrNoCredentials) {
+		return syscall.EACCES
+	}
 	return syscall.EIO
 }

@@ -122,11 +122,23 @@ func (e *DeniedError) Error() string {
 // Unwrap returns ErrDenied.
 func (e *DeniedError) Unwrap() error { return ErrDenied }
 
+// Is reports a refusal of an RPCSEC_GSS context (RFC 2203 s5.3.3.3:
+// RPCSEC_GSS_CREDPROBLEM, RPCSEC_GSS_CTXPROBLEM) as ErrGSSContext: the
+// call needs a new context.
+func (e *DeniedError) Is(target error) bool {
+	return target == ErrGSSContext && !e.RPCMismatch && (e.AuthStat == AuthGSSCredProblem || e.AuthStat == AuthGSSCtxProblem)
+}
+
 func authStatName(s uint32) string {
 	names := []string{"AUTH_OK", "AUTH_BADCRED", "AUTH_REJECTEDCRED", "AUTH_BADVERF",
 		"AUTH_REJECTEDVERF", "AUTH_TOOWEAK", "AUTH_INVALIDRESP", "AUTH_FAILED"}
-	if int(s) < len(names) {
+	switch {
+	case int(s) < len(names):
 		return names[s]
+	case s == AuthGSSCredProblem:
+		return "RPCSEC_GSS_CREDPROBLEM"
+	case s == AuthGSSCtxProblem:
+		return "RPCSEC_GSS_CTXPROBLEM"
 	}
 	return "unknown"
 }

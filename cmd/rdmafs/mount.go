@@ -94,7 +94,7 @@ FILE-SYSTEM-INDEPENDENT OPTIONS (mount(8)), as on a kernel NFS mount:
    nosymfollow | symfollow
                          do not follow symbolic links on the mount
 fstab-only options (_netdev, defaults, auto, noauto, nofail, user, x-*,
-...), nfs(5) options without meaning here (sec, lookupcache, ...), mand,
+...), nfs(5) options without meaning here (lookupcache, ...), mand,
 nomand, iversion, and FUSE's own (user_id, group_id, default_permissions,
 max_read, which mount(8) repeats on a remount) are accepted and ignored;
 any other option is an error.

@@ -150,7 +150,7 @@ var ignoredOptions = map[string]bool{
 	"user": true, "nouser": true, "users": true, "owner": true, "group": true,
 	"mand": true, "nomand": true, "iversion": true, "noiversion": true, "silent": true, "loud": true,
 	"intr": true, "nointr": true, "cto": true,
-	"sec": true, "lookupcache": true, "fsc": true, "nofsc": true, "local_lock": true,
+	"lookupcache": true, "fsc": true, "nofsc": true, "local_lock": true,
 	"minorversion": true, "clientaddr": true, "namlen": true,
 	// The kernel FUSE options rdmafs sets itself, which mount(8) repeats
 	// from /proc/self/mountinfo when it runs the helper for a remount.

@@ -45,7 +45,7 @@ func TestParseSource(t *testing.T) {
 func TestOptionList(t *testing.T) {
 	o := defaultOptions()
 	o.Server = "s"
-	err := o.parseOptionList("proto=tcp,port=2050,vers=4.1,rsize=65536,wsize=131072,timeo=15,retrans=5,soft,actimeo=7,acdirmax=9,ro,allow_other,rdmavers=2,_netdev,defaults,x-systemd.automount")
+	err := o.parseOptionList("proto=tcp,port=2050,vers=4.1,rsize=65536,wsize=131072,timeo=15,retrans=5,soft,actimeo=7,acdirmax=9,ro,allow_other,rdmavers=2,sec=sys,_netdev,defaults,x-systemd.automount")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +88,11 @@ func TestOptionErrors(t *testing.T) {
 		"hard=yes":    "takes no value",
 		"rdmavers=v2": "auto, 1 or 2",
 		"acregmin=-1": "not a non-negative number",
+		// Kerberos refused, never mounted with AUTH_SYS in its place.
+		"sec=krb5p":     "Kerberos mounts are not supported yet",
+		"sec=sys:krb5i": "Kerberos mounts are not supported yet",
+		"sec=none":      `unknown flavor "none"`,
+		"sec":           `unknown flavor ""`,
 	} {
 		o := defaultOptions()
 		err := o.set(opt)

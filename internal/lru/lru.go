@@ -65,3 +65,13 @@ func (c *Cache[K, V]) Len() int {
 	defer c.mu.Unlock()
 	return c.order.Len()
 }
+
+// Delete drops the entry of key, if there is one.
+func (c *Cache[K, V]) Delete(key K) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.byKey[key]; ok {
+		c.order.Remove(el)
+		delete(c.byKey, key)
+	}
+}
