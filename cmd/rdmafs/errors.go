@@ -53,7 +53,11 @@ func classifyDial(err error, o *mountOptions, wait time.Duration) *exitError {
 		return exitf(exitServer, err, "server %s does not offer NFS version 4.1", addr)
 	case errors.Is(err, nfsclient.ErrNoEnt), errors.Is(err, nfsclient.ErrNotDir):
 		return exitf(exitExport, err, "export %s not found on %s", o.Export, o.Server)
-	case errors.Is(err, nfsclient.ErrAccess), errors.Is(err, nfsclient.ErrPerm), errors.Is(err, nfsclient.ErrWrongSec), errors.Is(err, oncrpc.ErrDenied):
+	case errors.Is(err, nfsclient.ErrWrongSec):
+		return exitf(exitExport, err, "access to export %s on %s denied with sec=%v: the server wants another security flavor (sec=sys, krb5, krb5i or krb5p)", o.Export, o.Server, o.Sec)
+	case errors.Is(err, nfsclient.ErrNoCredentials):
+		return exitf(exitExport, err, "mount of %s:%s with sec=%v: %v", o.Server, o.Export, o.Sec, err)
+	case errors.Is(err, nfsclient.ErrAccess), errors.Is(err, nfsclient.ErrPerm), errors.Is(err, oncrpc.ErrDenied):
 		return exitf(exitExport, err, "access to export %s on %s denied", o.Export, o.Server)
 	case errors.Is(err, ibverbs.ErrUnreachable), errors.Is(err, ibverbs.ErrWrongDevice), errors.Is(err, verbs.ErrRejected):
 		return exitf(exitServer, err, "cannot reach NFS server %s over RDMA: %v", addr, err)

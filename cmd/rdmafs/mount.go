@@ -19,6 +19,7 @@ import (
 	"github.com/rdmafs/rdmafs/nfs/dial"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/oncrpc/krb5"
 )
 
 // mountFlags are the flags of "rdmafs mount". Each NFS option is also an
@@ -378,6 +379,17 @@ func serve(o *mountOptions, tr *trace.Tracer, logw io.Writer, debugFUSE bool, no
 	return err
 }
 
+// gssSource finds the users' Kerberos credentials for a sec=krb5* mount
+// (nil for sec=sys). The server's principal is nfs/SERVER, with SERVER
+// as the mount names it (rpc.gssd canonicalises it through DNS; name
+// the server by the host name in its keytab).
+func gssSource(o *mountOptions) nfsclient.GSSSource {
+	if o.Sec == nfsclient.SecSys {
+		return nil
+	}
+	return &krb5.Users{Service: "nfs/" + o.Server}
+}
+
 // connect dials the server and sets up the NFS session, counting
 // retransmissions in retrans for the stats. dial.Connect probes with an
 // RPC NULL of soft semantics first, so that an unreachable server fails
@@ -401,6 +413,8 @@ func connect(ctx context.Context, o *mountOptions, tr *trace.Tracer, retrans *at
 		// without revalidating (fuse/deleg.go).
 		Delegations: true,
 		Tracer:      tr,
+		Security:    o.Sec,
+		GSS:         gssSource(o),
 	})
 	if errors.Is(err, dial.ErrTransport) {
 		return nil, nil, exitf(exitUsage, err, "%v", err)

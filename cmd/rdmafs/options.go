@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/fuse"
+	"github.com/rdmafs/rdmafs/nfsclient"
 )
 
 // mountOptions are the nfs(5)-style options of a mount.
@@ -24,6 +25,7 @@ type mountOptions struct {
 
 	Proto    string // tcp or rdma
 	Vers     string
+	Sec      nfsclient.Security // sec=: AUTH_SYS or a Kerberos flavor
 	RSize    int
 	WSize    int
 	Timeo    time.Duration
@@ -197,6 +199,11 @@ func (o *mountOptions) parseOptionList(list string) error {
 		if err := o.set(opt); err != nil {
 			return err
 		}
+	}
+	if o.Sec != nfsclient.SecSys && o.Proto == "rdma" {
+		// RFC 8166 s8.2.2: with integrity or privacy the data cannot be
+		// placed directly; not yet built or tested over RDMA.
+		return fmt.Errorf("option sec=%v: Kerberos is supported over proto=tcp only, not yet over RDMA", o.Sec)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/fuse"
+	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -54,20 +55,18 @@ var mountOptionTable = []mountOption{
 			}
 			return fmt.Errorf("option proto=%s: want proto=tcp or proto=rdma", a.val)
 		}},
-	{names: []string{"sec"}, arg: "sys", help: "security flavor: sys (AUTH_SYS, the default); krb5, krb5i and krb5p are refused, not yet mounted with Kerberos",
+	{names: []string{"sec"}, arg: "sys|krb5|krb5i|krb5p", help: "security flavor (default sys): AUTH_SYS, or Kerberos V5 (RPCSEC_GSS) for authentication (krb5), with a checksum of every message (krb5i) or encrypted (krb5p); credentials as rpc.gssd finds them: root's from /etc/krb5.keytab ($KRB5_KTNAME), a user's from /tmp/krb5cc_UID",
 		set: func(o *mountOptions, a optionArg) error {
-			// nfs(5) sec=: a list of flavors to try, in order. Anything
-			// but AUTH_SYS is an error rather than a silent AUTH_SYS
-			// mount: who asks for krb5p must not get clear text.
-			for _, f := range strings.Split(a.val, ":") {
-				switch f {
-				case "sys":
-				case "krb5", "krb5i", "krb5p":
-					return fmt.Errorf("option sec=%s: Kerberos mounts are not supported yet (sec=sys only)", a.val)
-				default:
-					return fmt.Errorf("option sec=%s: unknown flavor %q (sec=sys; krb5, krb5i, krb5p are not supported yet)", a.val, f)
-				}
+			// nfs(5) sec= takes a list to negotiate from; rdmafs mounts
+			// with the one flavor named, never a weaker one instead.
+			if strings.Contains(a.val, ":") {
+				return fmt.Errorf("option sec=%s: one flavor only (sys, krb5, krb5i or krb5p)", a.val)
 			}
+			sec, err := nfsclient.ParseSecurity(a.val)
+			if err != nil {
+				return fmt.Errorf("option %w", err)
+			}
+			o.Sec = sec
 			return nil
 		}},
 	{names: []string{"port"}, arg: "N", help: "server port (default 2049 for tcp, 20049 for rdma); also server:PORT:/export",

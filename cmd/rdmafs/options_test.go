@@ -10,6 +10,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/nfsclient"
 )
 
 func TestParseSource(t *testing.T) {
@@ -45,7 +47,7 @@ func TestParseSource(t *testing.T) {
 func TestOptionList(t *testing.T) {
 	o := defaultOptions()
 	o.Server = "s"
-	err := o.parseOptionList("proto=tcp,port=2050,vers=4.1,rsize=65536,wsize=131072,timeo=15,retrans=5,soft,actimeo=7,acdirmax=9,ro,allow_other,rdmavers=2,sec=sys,_netdev,defaults,x-systemd.automount")
+	err := o.parseOptionList("proto=tcp,port=2050,vers=4.1,rsize=65536,wsize=131072,timeo=15,retrans=5,soft,actimeo=7,acdirmax=9,ro,allow_other,rdmavers=2,sec=krb5i,_netdev,defaults,x-systemd.automount")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +58,7 @@ func TestOptionList(t *testing.T) {
 	want.AcRegMin, want.AcRegMax, want.AcDirMin, want.AcDirMax = 7*time.Second, 7*time.Second, 7*time.Second, 9*time.Second
 	want.ReadOnly, want.AllowOther, want.RDMAVers = true, true, "2"
 	want.Vers = "4.1"
+	want.Sec = nfsclient.SecKrb5i
 	want.VFSFlags, want.VFSGiven = unix.MS_RDONLY, unix.MS_RDONLY
 	if !reflect.DeepEqual(o, want) {
 		t.Errorf("got  %+v\nwant %+v", o, want)
@@ -88,14 +91,14 @@ func TestOptionErrors(t *testing.T) {
 		"hard=yes":    "takes no value",
 		"rdmavers=v2": "auto, 1 or 2",
 		"acregmin=-1": "not a non-negative number",
-		// Kerberos refused, never mounted with AUTH_SYS in its place.
-		"sec=krb5p":     "Kerberos mounts are not supported yet",
-		"sec=sys:krb5i": "Kerberos mounts are not supported yet",
-		"sec=none":      `unknown flavor "none"`,
-		"sec":           `unknown flavor ""`,
+		// One flavor, never a weaker one in its place.
+		"sec=sys:krb5i":       "one flavor only",
+		"proto=rdma,sec=krb5": "proto=tcp only",
+		"sec=none":            "sec=none: want sys, krb5",
+		"sec":                 "sec=: want sys, krb5",
 	} {
 		o := defaultOptions()
-		err := o.set(opt)
+		err := o.parseOptionList(opt)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", opt, err, want)
 		}
