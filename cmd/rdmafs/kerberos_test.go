@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,7 @@ func TestKerberosMount(t *testing.T) {
 		t.Errorf("sec=krb5 mount without a keytab: exit %d: %s, want no Kerberos credentials", code, out)
 	}
 	t.Setenv("KRB5_KTNAME", "FILE:"+keytab)
+	t.Run("users", func(t *testing.T) { testKerberosUsers(t, k, p) })
 	for _, sec := range []string{"krb5", "krb5i", "krb5p"} {
 		t.Run(sec, func(t *testing.T) {
 			mnt := mount(t, p, "sec="+sec)
@@ -54,5 +56,56 @@ func TestKerberosMount(t *testing.T) {
 				t.Errorf("stat of an absent name: %v, want ENOENT", err)
 			}
 		})
+	}
+}
+
+// testKerberosUsers checks that each user of an allow_other Kerberos
+// mount calls with their own credentials: uid 1000 without a ticket is
+// refused (EACCES) where root is not, and once uid 1000 has one in
+// /tmp/krb5cc_1000_*, as kinit leaves it, the same lookup reaches the
+// server (ENOENT).
+func testKerberosUsers(t *testing.T, k *testpeer.Kerberos, p peer) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A directory anyone may search, made on the server's side (the
+	// principals map to nobody there): the kernel's own permission
+	// check lets uid 1000's lookup through to rdmafs.
+	open := fmt.Sprintf("open-%d", time.Now().UnixNano())
+	if err := os.Chmod(k.Ganesha.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(k.Ganesha.Dir, open), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(k.Ganesha.Dir, open), 0o777); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	mnt := mount(t, p, "sec=krb5i", "allow_other")
+	for d := filepath.Dir(mnt); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil { // uid 1000 reaches the mount
+			t.Fatal(err)
+		}
+	}
+	absent := filepath.Join(mnt, open, "absent")
+	if _, err := os.Stat(absent); !os.IsNotExist(err) {
+		t.Fatalf("root: stat: %v, want ENOENT", err)
+	}
+	if out, err := asUser(t, nil, "stat", absent); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Errorf("uid 1000 without a ticket: stat: %v: %s, want Permission denied", err, out)
+	}
+	user, pw := fmt.Sprintf("carol%d", time.Now().UnixNano()), "carol-pw"
+	if err := k.KDC.AddPrincipal(ctx, user, pw); err != nil {
+		t.Fatal(err)
+	}
+	ccache := fmt.Sprintf("/tmp/krb5cc_1000_rdmafs-test-%d", time.Now().UnixNano())
+	t.Cleanup(func() { os.Remove(ccache) })
+	if err := k.KDC.Kinit(ctx, user, pw, ccache, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(ccache, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := asUser(t, nil, "stat", absent); err == nil || !strings.Contains(out, "No such file") {
+		t.Errorf("uid 1000 with a ticket: stat: %v: %s, want No such file or directory", err, out)
 	}
 }
