@@ -387,7 +387,7 @@ func gssSource(o *mountOptions) nfsclient.GSSSource {
 	if o.Sec == nfsclient.SecSys {
 		return nil
 	}
-	return &krb5.Users{Service: "nfs/" + o.Server}
+	return &krb5.Users{Service: "nfs/" + o.Server, CCacheDirs: o.CCacheDirs}
 }
 
 // connect dials the server and sets up the NFS session, counting

@@ -23,20 +23,23 @@ type mountOptions struct {
 	Export string
 	Dir    string
 
-	Proto    string // tcp or rdma
-	Vers     string
-	Sec      nfsclient.Security // sec=: AUTH_SYS or a Kerberos flavor
-	RSize    int
-	WSize    int
-	Timeo    time.Duration
-	Retrans  int
-	Hard     bool
-	AcRegMin time.Duration
-	AcRegMax time.Duration
-	AcDirMin time.Duration
-	AcDirMax time.Duration
-	NoAC     bool
-	ReadOnly bool
+	Proto string // tcp or rdma
+	Vers  string
+	Sec   nfsclient.Security // sec=: AUTH_SYS or a Kerberos flavor
+	// CCacheDirs are krb5ccdir=: where users' ticket caches are; nil
+	// is rpc.gssd's default.
+	CCacheDirs []string
+	RSize      int
+	WSize      int
+	Timeo      time.Duration
+	Retrans    int
+	Hard       bool
+	AcRegMin   time.Duration
+	AcRegMax   time.Duration
+	AcDirMin   time.Duration
+	AcDirMax   time.Duration
+	NoAC       bool
+	ReadOnly   bool
 	// AllowOther lets other users use the mount (FUSE allow_other).
 	AllowOther bool
 	RDMAVers   string // auto, 1 or 2: the RPC-over-RDMA version

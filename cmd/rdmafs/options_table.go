@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,17 @@ var mountOptionTable = []mountOption{
 				return fmt.Errorf("option %w", err)
 			}
 			o.Sec = sec
+			return nil
+		}},
+	{names: []string{"krb5ccdir"}, arg: "DIR[:DIR...]", help: "where users' ticket caches (krb5cc_UID, krb5cc_UID_*) are looked for, as rpc.gssd -d (default /tmp:/run/user/UID; UID in a directory is the user's)",
+		set: func(o *mountOptions, a optionArg) error {
+			o.CCacheDirs = nil
+			for _, d := range strings.Split(a.val, ":") {
+				if !filepath.IsAbs(d) {
+					return fmt.Errorf("option krb5ccdir=%s: %q is not an absolute path", a.val, d)
+				}
+				o.CCacheDirs = append(o.CCacheDirs, filepath.Clean(d))
+			}
 			return nil
 		}},
 	{names: []string{"port"}, arg: "N", help: "server port (default 2049 for tcp, 20049 for rdma); also server:PORT:/export",

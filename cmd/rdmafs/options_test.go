@@ -47,7 +47,7 @@ func TestParseSource(t *testing.T) {
 func TestOptionList(t *testing.T) {
 	o := defaultOptions()
 	o.Server = "s"
-	err := o.parseOptionList("proto=tcp,port=2050,vers=4.1,rsize=65536,wsize=131072,timeo=15,retrans=5,soft,actimeo=7,acdirmax=9,ro,allow_other,rdmavers=2,sec=krb5i,_netdev,defaults,x-systemd.automount")
+	err := o.parseOptionList("proto=tcp,port=2050,vers=4.1,rsize=65536,wsize=131072,timeo=15,retrans=5,soft,actimeo=7,acdirmax=9,ro,allow_other,rdmavers=2,sec=krb5i,krb5ccdir=/var/krb5/:/run/user/UID,_netdev,defaults,x-systemd.automount")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,6 +59,7 @@ func TestOptionList(t *testing.T) {
 	want.ReadOnly, want.AllowOther, want.RDMAVers = true, true, "2"
 	want.Vers = "4.1"
 	want.Sec = nfsclient.SecKrb5i
+	want.CCacheDirs = []string{"/var/krb5", "/run/user/UID"}
 	want.VFSFlags, want.VFSGiven = unix.MS_RDONLY, unix.MS_RDONLY
 	if !reflect.DeepEqual(o, want) {
 		t.Errorf("got  %+v\nwant %+v", o, want)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,8 +37,9 @@ type Users struct {
 	Hostname string
 	// Service is the server's principal, "nfs/server.example.com".
 	Service string
-	// CCacheDirs are searched for users' ticket caches; nil means /tmp
-	// and /run/user/UID, rpc.gssd's default.
+	// CCacheDirs are searched for users' ticket caches, "UID" in a
+	// directory's name standing for the user's (rpc.gssd -d); nil
+	// means /tmp and /run/user/UID, rpc.gssd's default.
 	CCacheDirs []string
 }
 
@@ -112,7 +114,12 @@ func (u *Users) machine(cfg *config.Config) (*client.Client, error) {
 func (u *Users) user(cfg *config.Config, uid uint32) (*client.Client, error) {
 	dirs := u.CCacheDirs
 	if dirs == nil {
-		dirs = []string{"/tmp", "/run/user/" + strconv.FormatUint(uint64(uid), 10)}
+		dirs = []string{"/tmp", "/run/user/UID"}
+	}
+	id := strconv.FormatUint(uint64(uid), 10)
+	dirs = slices.Clone(dirs) // the caller's stays as it is
+	for i, d := range dirs {
+		dirs[i] = strings.ReplaceAll(d, "UID", id)
 	}
 	b, path, err := newestCCache(dirs, uid)
 	if err != nil {
