@@ -302,6 +302,11 @@ func (c *Client) Close(ctx context.Context) error {
 		start = time.Now()
 		err = c.destroy(ctx)
 		c.trace("close: DESTROY_SESSION, DESTROY_CLIENTID in %v: %v", time.Since(start).Round(time.Microsecond), err)
+		if c.gss != nil {
+			if gerr := c.gss.destroyAll(ctx, c.rpc); err == nil {
+				err = gerr
+			}
+		}
 		if cerr := c.cfg.Transport.Close(); err == nil && cerr != nil {
 			err = cerr
 		}

@@ -163,3 +163,24 @@ func (gc *gssContexts) forget(uid uint32, u *gssUser) {
 		gc.byUID.Delete(uid)
 	}
 }
+
+// destroyAll tells the server to forget every context (RFC 2203 s5.4,
+// RPCSEC_GSS_DESTROY), at unmount: the server need not keep them until
+// they expire. It returns the first error.
+func (gc *gssContexts) destroyAll(ctx context.Context, rpc *oncrpc.Client) error {
+	var first error
+	for _, u := range gc.byUID.Values() {
+		select {
+		case <-u.ready:
+		default:
+			continue // still being made; the server expires it
+		}
+		if u.g == nil {
+			continue
+		}
+		if err := u.g.Destroy(ctx, rpc); err != nil && first == nil {
+			first = fmt.Errorf("nfsclient: RPCSEC_GSS_DESTROY: %w", err)
+		}
+	}
+	return first
+}

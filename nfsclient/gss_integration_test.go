@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/xdr"
 	"github.com/rdmafs/rdmafs/oncrpc"
 	"github.com/rdmafs/rdmafs/oncrpc/krb5"
 	"github.com/rdmafs/rdmafs/test/testpeer"
@@ -96,6 +97,31 @@ func TestGSSClient(t *testing.T) {
 			}
 			if src.made.Load() != 2 {
 				t.Errorf("%d contexts made, want 2 (one after the server forgot the first)", src.made.Load())
+			}
+			// Close destroys the contexts: on a connection of its own,
+			// a call under root's is refused after the Close (and not
+			// before: contexts are not bound to a connection).
+			u, _ = c.gss.byUID.Get(0)
+			ptr := oncrpc.NewTCPTransport(k.Ganesha.Addr, oncrpc.TCPOptions{})
+			defer ptr.Close()
+			probe := oncrpc.NewClient(ptr, nfsProgram, nfsVersion, oncrpc.ClientOptions{Timeout: 10 * time.Second})
+			null := func() error {
+				var e xdr.Encoder
+				xid := probe.StartCall(&e, 0, u.g.Credential())
+				rep, err := probe.Do(ctx, &oncrpc.Call{XID: xid, Head: e.Bytes(), GSS: u.g})
+				if err == nil {
+					rep.Release()
+				}
+				return err
+			}
+			if err := null(); err != nil {
+				t.Errorf("NULL under the live context: %v", err)
+			}
+			if err := c.Close(ctx); err != nil {
+				t.Errorf("close: %v", err)
+			}
+			if err := null(); !errors.Is(err, oncrpc.ErrGSSContext) {
+				t.Errorf("NULL under a context after Close: %v, want CREDPROBLEM or CTXPROBLEM", err)
 			}
 			_, _, err = c.Lookup(ctx, c.Cred(2000, 2000, nil), c.RootFH(), "x")
 			if !errors.Is(err, ErrNoCredentials) || Errno(err) != syscall.EACCES {

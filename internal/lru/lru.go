@@ -75,3 +75,14 @@ func (c *Cache[K, V]) Delete(key K) {
 		delete(c.byKey, key)
 	}
 }
+
+// Values returns the values cached, the most recently used first.
+func (c *Cache[K, V]) Values() []V {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	vals := make([]V, 0, c.order.Len())
+	for el := c.order.Front(); el != nil; el = el.Next() {
+		vals = append(vals, el.Value.(*entry[K, V]).val)
+	}
+	return vals
+}
