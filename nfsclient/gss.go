@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rdmafs/rdmafs/internal/lru"
 	"github.com/rdmafs/rdmafs/oncrpc"
@@ -80,9 +81,46 @@ type gssContexts struct {
 
 // gssUser is one user's context, or the creation of it in progress.
 type gssUser struct {
-	ready chan struct{} // closed once g or err is set
+	uid   uint32
+	ready chan struct{} // closed once the fields below are set
 	g     *oncrpc.GSSContext
+	mech  oncrpc.GSSMechanism
 	err   error
+}
+
+// GSSUser describes one user's RPCSEC_GSS context, for the statistics.
+type GSSUser struct {
+	UID       uint32
+	Principal string // "user@REALM", as the mechanism says; "" if it does not
+	Service   oncrpc.GSSService
+	Expires   time.Time // when the ticket ends; zero if not known
+}
+
+// GSSUsers lists the contexts the client holds, one per user.
+func (c *Client) GSSUsers() []GSSUser {
+	if c.gss == nil {
+		return nil
+	}
+	var users []GSSUser
+	for _, u := range c.gss.byUID.Values() {
+		select {
+		case <-u.ready:
+		default:
+			continue
+		}
+		if u.g == nil {
+			continue
+		}
+		gu := GSSUser{UID: u.uid, Service: u.g.Service()}
+		if m, ok := u.mech.(interface{ Principal() string }); ok {
+			gu.Principal = m.Principal()
+		}
+		if m, ok := u.mech.(interface{ Expires() time.Time }); ok {
+			gu.Expires = m.Expires()
+		}
+		users = append(users, gu)
+	}
+	return users
 }
 
 // gssCred is the credential Client.Cred returns under Kerberos: not yet
@@ -115,10 +153,10 @@ func (gc *gssContexts) context(ctx context.Context, rpc *oncrpc.Client, uid uint
 	gc.mu.Lock()
 	u, ok := gc.byUID.Get(uid)
 	if !ok {
-		u = &gssUser{ready: make(chan struct{})}
+		u = &gssUser{uid: uid, ready: make(chan struct{})}
 		gc.byUID.Put(uid, u)
 		gc.mu.Unlock()
-		u.g, u.err = gc.establish(ctx, rpc, uid)
+		u.g, u.mech, u.err = gc.establish(ctx, rpc, uid)
 		close(u.ready)
 		if u.err != nil {
 			gc.forget(uid, u) // the next call tries again
@@ -134,16 +172,16 @@ func (gc *gssContexts) context(ctx context.Context, rpc *oncrpc.Client, uid uint
 	}
 }
 
-func (gc *gssContexts) establish(ctx context.Context, rpc *oncrpc.Client, uid uint32) (*oncrpc.GSSContext, error) {
+func (gc *gssContexts) establish(ctx context.Context, rpc *oncrpc.Client, uid uint32) (*oncrpc.GSSContext, oncrpc.GSSMechanism, error) {
 	mech, err := gc.src.Mechanism(ctx, uid)
 	if err != nil {
-		return nil, fmt.Errorf("%w for uid %d: %w", ErrNoCredentials, uid, err)
+		return nil, nil, fmt.Errorf("%w for uid %d: %w", ErrNoCredentials, uid, err)
 	}
 	g, err := oncrpc.EstablishGSS(ctx, rpc, mech, gc.service)
 	if err != nil {
-		return nil, fmt.Errorf("nfsclient: RPCSEC_GSS context for uid %d: %w", uid, err)
+		return nil, nil, fmt.Errorf("nfsclient: RPCSEC_GSS context for uid %d: %w", uid, err)
 	}
-	return g, nil
+	return g, mech, nil
 }
 
 // expired drops uid's context g (the server refused it), so that the

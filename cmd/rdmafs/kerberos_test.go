@@ -108,4 +108,12 @@ func testKerberosUsers(t *testing.T, k *testpeer.Kerberos, p peer) {
 	if out, err := asUser(t, nil, "stat", absent); err == nil || !strings.Contains(out, "No such file") {
 		t.Errorf("uid 1000 with a ticket: stat: %v: %s, want No such file or directory", err, out)
 	}
+	// rdmafs stats shows a context per user: root's machine principal,
+	// uid 1000's own.
+	out, code := runBin(t, time.Minute, "stats", mnt)
+	for _, want := range []string{"sec=krb5i contexts: 2", "uid 1000 principal " + user + "@", "uid 0 principal host/"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("rdmafs stats (exit %d) lacks %q:\n%s", code, want, out)
+		}
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmafs/rdmafs/fuse"
+	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
 )
 
@@ -94,6 +95,15 @@ func writeStats(w io.Writer, o *mountOptions, m *fuse.Mount, t oncrpc.Transport,
 	}
 	fmt.Fprintf(w, "server: %s vers=4.%d rsize=%d wsize=%d lease=%v\n", impl, c.MinorVersion(), c.RSize(), c.WSize(), c.LeaseTime())
 	fmt.Fprintf(w, "age: %v\n", time.Since(start).Round(time.Second))
+	if o.Sec != nfsclient.SecSys {
+		// A line per user, as rpc.gssd's contexts; the principal
+		// comes from a user's ticket cache: no escape sequences.
+		users := c.GSSUsers()
+		fmt.Fprintf(w, "sec=%v contexts: %d\n", o.Sec, len(users))
+		for _, u := range users {
+			fmt.Fprintf(w, "  uid %d principal %s service %v expires %s\n", u.UID, termSafe(u.Principal), u.Service, u.Expires.UTC().Format(time.RFC3339))
+		}
+	}
 	s := &m.FS.Stats
 	fmt.Fprintf(w, "fuse: lookups=%d opens=%d creates=%d readdirs=%d reads=%d read_bytes=%d writes=%d write_bytes=%d flushes=%d fsyncs=%d write_errors=%d dir_getattrs_cached=%d\n",
 		s.Lookups.Load(), s.Opens.Load(), s.Creates.Load(), s.Readdirs.Load(), s.Reads.Load(), s.ReadBytes.Load(),

@@ -72,6 +72,11 @@ func (m *Initiator) Expires() time.Time {
 	return m.expires
 }
 
+// Principal names whose credentials the context uses, "user@REALM".
+func (m *Initiator) Principal() string {
+	return m.cl.Credentials.CName().PrincipalNameString() + "@" + m.cl.Credentials.Domain()
+}
+
 // InitToken gets a service ticket for the service and returns the
 // context token: an AP-REQ asking for mutual authentication (RFC 4121
 // s4.1), in the GSS-API framing of RFC 2743 s3.1.
