@@ -45,6 +45,7 @@ import (
 	"github.com/rdmafs/rdmafs/nfs/dial"
 	"github.com/rdmafs/rdmafs/nfsclient"
 	"github.com/rdmafs/rdmafs/oncrpc"
+	"github.com/rdmafs/rdmafs/oncrpc/krb5"
 )
 
 // Options say how to reach the server; they mirror the rdmafs mount
@@ -85,6 +86,17 @@ type Options struct {
 	// Auth is the AUTH_SYS identity of the calls; nil means the calling
 	// process's user, group and supplementary groups.
 	Auth *Auth
+	// Security is the flavor of the calls (nfs(5) sec=): "sys" (the
+	// default, AUTH_SYS), "krb5", "krb5i" or "krb5p" (RPCSEC_GSS with
+	// Kerberos V5: authentication, integrity, privacy). TCP only.
+	Security string
+	// CCache is the Kerberos ticket cache (a FILE cache, what kinit
+	// writes) of a Kerberos Security. Empty means $KRB5CCNAME's FILE
+	// cache, else the process's user's found as rpc.gssd finds it
+	// (krb5cc_UID in /tmp or /run/user/UID; root: the machine keytab).
+	// $KRB5_CONFIG names the krb5.conf; the server's principal is
+	// nfs/HOST with HOST as in Dial's target.
+	CCache string
 	// Timeout is how long one RPC waits for its reply before it is sent
 	// again (nfs(5) timeo); zero means 60 s. Connecting fails after
 	// Timeout x (Retrans+1) without a reply.
@@ -215,6 +227,19 @@ func configs(host string, port int, export string, opts Options) (dial.Config, n
 		MinorVersion: opts.MinorVersion,
 		Tracer:       tr,
 	}
+	if opts.Security != "" {
+		sec, err := nfsclient.ParseSecurity(opts.Security)
+		if err != nil {
+			return dial.Config{}, nfsclient.Config{}, fmt.Errorf("nfs: %w", err)
+		}
+		if sec != nfsclient.SecSys && proto != "tcp" {
+			return dial.Config{}, nfsclient.Config{}, fmt.Errorf("nfs: Security %q: Kerberos over TCP only, not yet over RDMA", opts.Security)
+		}
+		ncfg.Security = sec
+		if sec != nfsclient.SecSys {
+			ncfg.GSS = processKerberos(host, opts.CCache)
+		}
+	}
 	return cfg, ncfg, nil
 }
 
@@ -232,6 +257,29 @@ func newClient(nc *nfsclient.Client, export string, opts Options) *Client {
 		ct = 2 * time.Minute
 	}
 	return &Client{nfs: nc, cred: nc.Cred(auth.UID, auth.GID, groups), callTimeout: ct, export: export}
+}
+
+// processKerberos is the process's own Kerberos credentials: every call,
+// whoever it is made for (the root lookup is made for uid 0), uses them.
+func processKerberos(host, ccache string) nfsclient.GSSSource {
+	if ccache == "" {
+		if name, ok := strings.CutPrefix(os.Getenv("KRB5CCNAME"), "FILE:"); ok {
+			ccache = name
+		} else if name := os.Getenv("KRB5CCNAME"); name != "" && !strings.Contains(name, ":") {
+			ccache = name
+		}
+	}
+	return oneUser{src: &krb5.Users{Service: "nfs/" + host, CCache: ccache}, uid: uint32(os.Getuid())}
+}
+
+// oneUser asks src for uid's credentials whoever a call is for.
+type oneUser struct {
+	src nfsclient.GSSSource
+	uid uint32
+}
+
+func (o oneUser) Mechanism(ctx context.Context, _ uint32) (oncrpc.GSSMechanism, error) {
+	return o.src.Mechanism(ctx, o.uid)
 }
 
 // processAuth is the calling process's identity.

@@ -37,6 +37,10 @@ type Users struct {
 	Hostname string
 	// Service is the server's principal, "nfs/server.example.com".
 	Service string
+	// CCache, if set, is the ticket cache of every user's calls (a
+	// program with one identity: nfs.Options.CCache); the search
+	// below is then skipped.
+	CCache string
 	// CCacheDirs are searched for users' ticket caches, "UID" in a
 	// directory's name standing for the user's (rpc.gssd -d); nil
 	// means /tmp and /run/user/UID, rpc.gssd's default.
@@ -53,9 +57,12 @@ func (u *Users) Mechanism(ctx context.Context, uid uint32) (oncrpc.GSSMechanism,
 		return nil, fmt.Errorf("krb5: %s: %w", u.config(), err)
 	}
 	var cl *client.Client
-	if uid == 0 {
+	switch {
+	case u.CCache != "":
+		cl, err = u.file(cfg, u.CCache)
+	case uid == 0:
 		cl, err = u.machine(cfg)
-	} else {
+	default:
 		cl, err = u.user(cfg, uid)
 	}
 	if err != nil {
@@ -110,6 +117,20 @@ func (u *Users) machine(cfg *config.Config) (*client.Client, error) {
 	return nil, fmt.Errorf("krb5: keytab %s has no key for %s (as root/, nfs/ or host/%s)", path, host, host)
 }
 
+// file reads the ticket cache at path.
+func (u *Users) file(cfg *config.Config, path string) (*client.Client, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoCCache, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxCCache+1))
+	if err != nil || len(b) > maxCCache {
+		return nil, fmt.Errorf("krb5: ticket cache %s: unreadable or larger than %d bytes (%v)", path, maxCCache, err)
+	}
+	return fromCCache(cfg, b, path)
+}
+
 // user reads uid's newest ticket cache.
 func (u *Users) user(cfg *config.Config, uid uint32) (*client.Client, error) {
 	dirs := u.CCacheDirs
@@ -125,6 +146,12 @@ func (u *Users) user(cfg *config.Config, uid uint32) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	return fromCCache(cfg, b, path)
+}
+
+// fromCCache returns a client with the credentials in the ticket cache b
+// read from path.
+func fromCCache(cfg *config.Config, b []byte, path string) (*client.Client, error) {
 	cc, err := parseCCache(b)
 	if err != nil {
 		return nil, fmt.Errorf("krb5: ticket cache %s: %w", path, err)
