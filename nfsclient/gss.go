@@ -166,10 +166,27 @@ func (gc *gssContexts) context(ctx context.Context, rpc *oncrpc.Client, uid uint
 	gc.mu.Unlock()
 	select {
 	case <-u.ready:
-		return u.g, u.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	if u.err == nil && u.expired(time.Now()) {
+		// The ticket ended: the server would refuse the context
+		// (RFC 2203 s5.3.3.3). A new one, from the credentials the
+		// user has now (kinit -R, a new kinit).
+		gc.forget(uid, u)
+		return gc.context(ctx, rpc, uid)
+	}
+	return u.g, u.err
+}
+
+// expired reports whether the ticket of u's context has ended by now.
+func (u *gssUser) expired(now time.Time) bool {
+	m, ok := u.mech.(interface{ Expires() time.Time })
+	if !ok {
+		return false
+	}
+	end := m.Expires()
+	return !end.IsZero() && !now.Before(end)
 }
 
 func (gc *gssContexts) establish(ctx context.Context, rpc *oncrpc.Client, uid uint32) (*oncrpc.GSSContext, oncrpc.GSSMechanism, error) {

@@ -28,12 +28,12 @@ func (s *ccacheSource) Mechanism(ctx context.Context, uid uint32) (oncrpc.GSSMec
 	if uid != s.uid {
 		return nil, fmt.Errorf("no credential cache for uid %d", uid)
 	}
-	cl, err := krb5.ClientFromCCache(s.ccache, s.config)
+	m, err := (&krb5.Users{Config: s.config, Service: "nfs/localhost", CCache: s.ccache}).Mechanism(ctx, uid)
 	if err != nil {
 		return nil, err
 	}
 	s.made.Add(1)
-	return krb5.NewInitiator(cl, "nfs/localhost"), nil
+	return m, nil
 }
 
 // TestGSSClient mounts the Kerberos ganesha's export (krb5, krb5i and
@@ -128,5 +128,46 @@ func TestGSSClient(t *testing.T) {
 				t.Errorf("lookup as a user without a ticket: %v (errno %v), want EACCES", err, Errno(err))
 			}
 		})
+	}
+}
+
+// TestGSSTicketExpiry: a context whose ticket ended is made again from
+// the ticket the user has now (renewed with kinit, as a user or k5start
+// does), and the calls go on without an error.
+func TestGSSTicketExpiry(t *testing.T) {
+	k := testpeer.RequireKerberos(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	user, pw := fmt.Sprintf("erin%d", time.Now().UnixNano()), "erin-pw"
+	ccache := filepath.Join(t.TempDir(), "krb5cc_erin")
+	if err := k.KDC.AddPrincipal(ctx, user, pw); err != nil {
+		t.Fatal(err)
+	}
+	const life = 10 * time.Second
+	if err := k.KDC.Kinit(ctx, user, pw, ccache, life); err != nil {
+		t.Fatal(err)
+	}
+	first := time.Now()
+	src := &ccacheSource{uid: 0, ccache: ccache, config: k.KDC.Config}
+	c, err := Dial(ctx, Config{Transport: oncrpc.NewTCPTransport(k.Ganesha.Addr, oncrpc.TCPOptions{}),
+		Export: k.Ganesha.Export, Security: SecKrb5i, GSS: src, Tracer: testTracer()})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close(context.Background())
+	if us := c.GSSUsers(); len(us) != 1 || time.Until(us[0].Expires) > life {
+		t.Fatalf("contexts %+v, want one ending within %v", us, life)
+	}
+	if err := k.KDC.Kinit(ctx, user, pw, ccache, 0); err != nil { // renewed
+		t.Fatal(err)
+	}
+	for time.Since(first) < life+2*time.Second {
+		if _, err := c.GetAttr(ctx, c.Cred(0, 0, nil), c.RootFH()); err != nil {
+			t.Fatalf("getattr %v after the first ticket: %v", time.Since(first).Round(time.Second), err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if n := src.made.Load(); n != 2 {
+		t.Errorf("%d contexts made, want 2 (one after the first ticket ended)", n)
 	}
 }

@@ -56,6 +56,10 @@ type Initiator struct {
 	sendSeq uint64
 	done    bool
 	expires time.Time
+	// notAfter bounds expires: the end of the ticket-granting ticket,
+	// when the ticket cache said it (a client cannot read the service
+	// ticket's own end).
+	notAfter time.Time
 }
 
 // NewInitiator returns a context with the service spn ("nfs/host")
@@ -69,6 +73,9 @@ func NewInitiator(cl *client.Client, spn string) *Initiator {
 func (m *Initiator) Expires() time.Time {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.expires.IsZero() || !m.notAfter.IsZero() && m.notAfter.Before(m.expires) {
+		return m.notAfter
+	}
 	return m.expires
 }
 

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jcmturner/gokrb5/v8/client"
 	"github.com/jcmturner/gokrb5/v8/config"
@@ -57,18 +58,21 @@ func (u *Users) Mechanism(ctx context.Context, uid uint32) (oncrpc.GSSMechanism,
 		return nil, fmt.Errorf("krb5: %s: %w", u.config(), err)
 	}
 	var cl *client.Client
+	var end time.Time // the ticket-granting ticket's, when a cache says it
 	switch {
 	case u.CCache != "":
-		cl, err = u.file(cfg, u.CCache)
+		cl, end, err = u.file(cfg, u.CCache)
 	case uid == 0:
 		cl, err = u.machine(cfg)
 	default:
-		cl, err = u.user(cfg, uid)
+		cl, end, err = u.user(cfg, uid)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return NewInitiator(cl, u.Service), nil
+	m := NewInitiator(cl, u.Service)
+	m.notAfter = end
+	return m, nil
 }
 
 func (u *Users) config() string {
@@ -118,21 +122,21 @@ func (u *Users) machine(cfg *config.Config) (*client.Client, error) {
 }
 
 // file reads the ticket cache at path.
-func (u *Users) file(cfg *config.Config, path string) (*client.Client, error) {
+func (u *Users) file(cfg *config.Config, path string) (*client.Client, time.Time, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoCCache, err)
+		return nil, time.Time{}, fmt.Errorf("%w: %w", ErrNoCCache, err)
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxCCache+1))
 	if err != nil || len(b) > maxCCache {
-		return nil, fmt.Errorf("krb5: ticket cache %s: unreadable or larger than %d bytes (%v)", path, maxCCache, err)
+		return nil, time.Time{}, fmt.Errorf("krb5: ticket cache %s: unreadable or larger than %d bytes (%v)", path, maxCCache, err)
 	}
 	return fromCCache(cfg, b, path)
 }
 
 // user reads uid's newest ticket cache.
-func (u *Users) user(cfg *config.Config, uid uint32) (*client.Client, error) {
+func (u *Users) user(cfg *config.Config, uid uint32) (*client.Client, time.Time, error) {
 	dirs := u.CCacheDirs
 	if dirs == nil {
 		dirs = []string{"/tmp", "/run/user/UID"}
@@ -144,23 +148,30 @@ func (u *Users) user(cfg *config.Config, uid uint32) (*client.Client, error) {
 	}
 	b, path, err := newestCCache(dirs, uid)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	return fromCCache(cfg, b, path)
 }
 
 // fromCCache returns a client with the credentials in the ticket cache b
-// read from path.
-func fromCCache(cfg *config.Config, b []byte, path string) (*client.Client, error) {
+// read from path, and when its ticket-granting ticket ends (the tickets
+// got from it end no later).
+func fromCCache(cfg *config.Config, b []byte, path string) (*client.Client, time.Time, error) {
 	cc, err := parseCCache(b)
 	if err != nil {
-		return nil, fmt.Errorf("krb5: ticket cache %s: %w", path, err)
+		return nil, time.Time{}, fmt.Errorf("krb5: ticket cache %s: %w", path, err)
 	}
 	cl, err := client.NewFromCCache(cc, cfg, client.DisablePAFXFAST(true))
 	if err != nil {
-		return nil, fmt.Errorf("krb5: ticket cache %s: %w", path, err)
+		return nil, time.Time{}, fmt.Errorf("krb5: ticket cache %s: %w", path, err)
 	}
-	return cl, nil
+	var end time.Time
+	for _, c := range cc.Credentials {
+		if n := c.Server.PrincipalName.NameString; len(n) > 0 && n[0] == "krbtgt" {
+			end = c.EndTime
+		}
+	}
+	return cl, end, nil
 }
 
 // ErrNoCCache is returned for a user with no ticket cache of their own.
