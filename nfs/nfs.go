@@ -237,7 +237,7 @@ func configs(host string, port int, export string, opts Options) (dial.Config, n
 		}
 		ncfg.Security = sec
 		if sec != nfsclient.SecSys {
-			ncfg.GSS = processKerberos(host, opts.CCache)
+			ncfg.GSS = &krb5.Users{Service: "nfs/" + host, CCache: opts.CCache, Self: true}
 		}
 	}
 	return cfg, ncfg, nil
@@ -257,29 +257,6 @@ func newClient(nc *nfsclient.Client, export string, opts Options) *Client {
 		ct = 2 * time.Minute
 	}
 	return &Client{nfs: nc, cred: nc.Cred(auth.UID, auth.GID, groups), callTimeout: ct, export: export}
-}
-
-// processKerberos is the process's own Kerberos credentials: every call,
-// whoever it is made for (the root lookup is made for uid 0), uses them.
-func processKerberos(host, ccache string) nfsclient.GSSSource {
-	if ccache == "" {
-		if name, ok := strings.CutPrefix(os.Getenv("KRB5CCNAME"), "FILE:"); ok {
-			ccache = name
-		} else if name := os.Getenv("KRB5CCNAME"); name != "" && !strings.Contains(name, ":") {
-			ccache = name
-		}
-	}
-	return oneUser{src: &krb5.Users{Service: "nfs/" + host, CCache: ccache}, uid: uint32(os.Getuid())}
-}
-
-// oneUser asks src for uid's credentials whoever a call is for.
-type oneUser struct {
-	src nfsclient.GSSSource
-	uid uint32
-}
-
-func (o oneUser) Mechanism(ctx context.Context, _ uint32) (oncrpc.GSSMechanism, error) {
-	return o.src.Mechanism(ctx, o.uid)
 }
 
 // processAuth is the calling process's identity.

@@ -387,7 +387,8 @@ func gssSource(o *mountOptions) nfsclient.GSSSource {
 	if o.Sec == nfsclient.SecSys {
 		return nil
 	}
-	return &krb5.Users{Service: "nfs/" + o.Server, CCacheDirs: o.CCacheDirs}
+	// An ordinary user's mount can read only that user's credentials.
+	return &krb5.Users{Service: "nfs/" + o.Server, CCacheDirs: o.CCacheDirs, Self: os.Geteuid() != 0}
 }
 
 // connect dials the server and sets up the NFS session, counting

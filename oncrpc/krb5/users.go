@@ -42,6 +42,11 @@ type Users struct {
 	// program with one identity: nfs.Options.CCache); the search
 	// below is then skipped.
 	CCache string
+	// Self makes every call use the process's own user's credentials,
+	// whoever it is made for: a mount by an ordinary user, who can
+	// read no one else's, or a program. Its ticket cache is CCache,
+	// else $KRB5CCNAME's FILE cache, else found as for any user.
+	Self bool
 	// CCacheDirs are searched for users' ticket caches, "UID" in a
 	// directory's name standing for the user's (rpc.gssd -d); nil
 	// means /tmp and /run/user/UID, rpc.gssd's default.
@@ -59,9 +64,16 @@ func (u *Users) Mechanism(ctx context.Context, uid uint32) (oncrpc.GSSMechanism,
 	}
 	var cl *client.Client
 	var end time.Time // the ticket-granting ticket's, when a cache says it
+	ccache := u.CCache
+	if u.Self {
+		uid = uint32(os.Getuid())
+		if ccache == "" {
+			ccache = envCCache()
+		}
+	}
 	switch {
-	case u.CCache != "":
-		cl, end, err = u.file(cfg, u.CCache)
+	case ccache != "":
+		cl, end, err = u.file(cfg, ccache)
 	case uid == 0:
 		cl, err = u.machine(cfg)
 	default:
@@ -73,6 +85,18 @@ func (u *Users) Mechanism(ctx context.Context, uid uint32) (oncrpc.GSSMechanism,
 	m := NewInitiator(cl, u.Service)
 	m.notAfter = end
 	return m, nil
+}
+
+// envCCache is $KRB5CCNAME's FILE ticket cache, or "".
+func envCCache() string {
+	name := os.Getenv("KRB5CCNAME")
+	if path, ok := strings.CutPrefix(name, "FILE:"); ok {
+		return path
+	}
+	if strings.Contains(name, ":") {
+		return "" // DIR:, KEYRING:, KCM: are not read
+	}
+	return name
 }
 
 func (u *Users) config() string {

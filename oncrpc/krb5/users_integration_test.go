@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,6 +70,17 @@ func TestUsers(t *testing.T) {
 		if _, err := u.Mechanism(ctx, uid); !errors.Is(err, krb5.ErrNoCCache) {
 			t.Errorf("uid %d: %v, want no ticket cache", uid, err)
 		}
+	}
+	// Self: whoever a call is for, the process's own ticket, here
+	// $KRB5CCNAME's.
+	t.Setenv("KRB5CCNAME", "FILE:"+r.ccache)
+	self := &krb5.Users{Config: r.kdc.Config, Service: "nfs/localhost", Self: true, CCacheDirs: []string{ccaches}}
+	if mech, err := self.Mechanism(ctx, 1001); err != nil {
+		t.Errorf("self for uid 1001: %v", err)
+	} else if _, err := oncrpc.EstablishGSS(ctx, c, mech, oncrpc.GSSNone); err != nil {
+		t.Errorf("self: context: %v", err)
+	} else if p := mech.(interface{ Principal() string }).Principal(); !strings.HasPrefix(p, "alice@") {
+		t.Errorf("self: principal %q, want alice's", p)
 	}
 	u.Hostname = "elsewhere.test"
 	if _, err := u.Mechanism(ctx, 0); err == nil {
