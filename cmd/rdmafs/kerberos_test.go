@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -46,6 +47,7 @@ func TestKerberosMount(t *testing.T) {
 	}
 	t.Setenv("KRB5_KTNAME", "FILE:"+keytab)
 	t.Run("users", func(t *testing.T) { testKerberosUsers(t, k, p) })
+	t.Run("wire", func(t *testing.T) { testKerberosWire(t, k) })
 	for _, sec := range []string{"krb5", "krb5i", "krb5p"} {
 		t.Run(sec, func(t *testing.T) {
 			mnt := mount(t, p, "sec="+sec)
@@ -114,6 +116,40 @@ func testKerberosUsers(t *testing.T, k *testpeer.Kerberos, p peer) {
 	for _, want := range []string{"sec=krb5i contexts: 2", "uid 1000 principal " + user + "@", "uid 0 principal host/"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("rdmafs stats (exit %d) lacks %q:\n%s", code, want, out)
+		}
+	}
+}
+
+// testKerberosWire reads a file with a marker in it through a krb5p and a
+// krb5i mount, each through a proxy that records the connection: with
+// privacy the marker never crosses the wire in the clear; with integrity
+// only it does (so the capture would show a leak), and the data is exact
+// both ways.
+func testKerberosWire(t *testing.T, k *testpeer.Kerberos) {
+	marker := []byte(fmt.Sprintf("rdmafs-krb5-marker-%d", time.Now().UnixNano()))
+	data := bytes.Repeat(append(marker, '\n'), 4096) // 160 KiB or so
+	name := fmt.Sprintf("marked-%d", time.Now().UnixNano())
+	if err := os.WriteFile(filepath.Join(k.Ganesha.Dir, name), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, sec := range []string{"krb5p", "krb5i"} {
+		proxy := newTCPProxy(t, k.Ganesha.Addr)
+		_, port := splitAddr(t, proxy.ln.Addr().String())
+		proxy.capture()
+		mnt := mount(t, peer{name: "ganesha-krb5-proxied", host: "localhost", port: port, export: k.Ganesha.Export}, "sec="+sec)
+		got, err := os.ReadFile(filepath.Join(mnt, name))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Errorf("%s: read %d bytes (%v), want the %d written", sec, len(got), err, len(data))
+		}
+		wire := proxy.captured()
+		seen := bytes.Count(wire, marker)
+		switch {
+		case len(wire) < len(data):
+			t.Errorf("%s: the capture holds %d bytes, less than the file's %d", sec, len(wire), len(data))
+		case sec == "krb5p" && seen != 0:
+			t.Errorf("krb5p: the marker crossed the wire in the clear %d times", seen)
+		case sec == "krb5i" && seen == 0:
+			t.Errorf("krb5i: the marker is not in the capture: the capture misses the data")
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,30 @@ type tcpProxy struct {
 
 	mu    sync.Mutex
 	conns []net.Conn
+	// wire, when not nil, receives a copy of what the proxy carries
+	// both ways, up to maxWire bytes (a capture for tests of what an
+	// observer on the path sees).
+	wire *bytes.Buffer
+}
+
+// maxWire bounds a proxy's capture.
+const maxWire = 64 << 20
+
+// capture starts recording what the proxy carries.
+func (p *tcpProxy) capture() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.wire = new(bytes.Buffer)
+}
+
+// captured returns a copy of what was recorded since capture.
+func (p *tcpProxy) captured() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.wire == nil {
+		return nil
+	}
+	return bytes.Clone(p.wire.Bytes())
 }
 
 func newTCPProxy(t *testing.T, target string) *tcpProxy {
@@ -61,6 +86,11 @@ func (p *tcpProxy) pipe(dst, src net.Conn) {
 		if p.dropped.Load() {
 			continue
 		}
+		p.mu.Lock()
+		if p.wire != nil && p.wire.Len()+n <= maxWire {
+			p.wire.Write(buf[:n])
+		}
+		p.mu.Unlock()
 		if _, err := dst.Write(buf[:n]); err != nil {
 			src.Close()
 			return
